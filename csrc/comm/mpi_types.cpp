@@ -1,0 +1,84 @@
+#include "mpi_types.h"
+
+#include "../kernels/reduce.h"
+
+namespace pycomm {
+namespace comm {
+namespace {
+
+bool g_ready = false;
+MPI_Datatype g_f16 = MPI_DATATYPE_NULL, g_bf16 = MPI_DATATYPE_NULL;
+MPI_Op g_half_ops[2][3];  // [f16, bf16][sum, min, max]
+
+template <int Half, int Op>
+void half_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  constexpr DType dt = Half == 0 ? DType::F16 : DType::BF16;
+  kernels::reduce_cpu(inout, in, static_cast<size_t>(*len), dt, static_cast<ReduceOp>(Op));
+}
+
+template <int Half>
+void create_half_ops() {
+  PYCOMM_MPI_CHECK(MPI_Op_create(&half_op<Half, 0>, 1, &g_half_ops[Half][0]));
+  PYCOMM_MPI_CHECK(MPI_Op_create(&half_op<Half, 1>, 1, &g_half_ops[Half][1]));
+  PYCOMM_MPI_CHECK(MPI_Op_create(&half_op<Half, 2>, 1, &g_half_ops[Half][2]));
+}
+
+}  // namespace
+
+void mpi_types_init() {
+  if (g_ready) return;
+  PYCOMM_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &g_f16));
+  PYCOMM_MPI_CHECK(MPI_Type_commit(&g_f16));
+  PYCOMM_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &g_bf16));
+  PYCOMM_MPI_CHECK(MPI_Type_commit(&g_bf16));
+  create_half_ops<0>();
+  create_half_ops<1>();
+  g_ready = true;
+}
+
+void mpi_types_finalize() {
+  if (!g_ready) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) {
+    MPI_Type_free(&g_f16);
+    MPI_Type_free(&g_bf16);
+    for (auto& row : g_half_ops)
+      for (auto& op : row) MPI_Op_free(&op);
+  }
+  g_ready = false;
+}
+
+MPI_Datatype mpi_datatype(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::F64: return MPI_DOUBLE;
+    case DType::I32: return MPI_INT32_T;
+    case DType::I64: return MPI_INT64_T;
+    case DType::F16: return g_f16;
+    case DType::BF16: return g_bf16;
+  }
+  throw CommError("mpi_datatype: unsupported dtype");
+}
+
+MPI_Op mpi_op(DType dtype, ReduceOp op) {
+  if (dtype == DType::F16 || dtype == DType::BF16)
+    return g_half_ops[dtype == DType::F16 ? 0 : 1][static_cast<int>(op)];
+  switch (op) {
+    case ReduceOp::SUM: return MPI_SUM;
+    case ReduceOp::MIN: return MPI_MIN;
+    case ReduceOp::MAX: return MPI_MAX;
+  }
+  throw CommError("mpi_op: unsupported op");
+}
+
+void throw_mpi_error(int rc, const char* call, const char* file, int line) {
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) len = 0;
+  throw CommError(std::string("MPI call failed: ") + call + " -> " + std::string(msg, static_cast<size_t>(len)) +
+                  " (" + file + ":" + std::to_string(line) + ")");
+}
+
+}  // namespace comm
+}  // namespace pycomm

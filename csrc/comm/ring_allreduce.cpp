@@ -1,0 +1,133 @@
+#include <algorithm>
+#include <vector>
+
+#include "../kernels/reduce.h"
+#include "algorithms.h"
+
+namespace pycomm {
+namespace comm {
+namespace {
+
+constexpr int kRingTag = 0x5259;  // all ring messages share one tag: order alone matches them
+constexpr int kRecvWindow = 4;    // receives kept posted ahead of processing
+
+// One pass over the ring. Step t in [0, 2(N-1)): steps below N-1 form the
+// reduce-scatter, the rest the allgather. At step t rank r sends segment
+// (r - t) mod N and receives segment (r - t - 1) mod N, so what it receives
+// (and reduces) at step t is exactly what it sends at step t+1. Chunks are
+// posted and processed in (step, chunk) order on every rank, which lets one
+// tag suffice (MPI does not reorder messages between a pair on one tag).
+class RingPass {
+ public:
+  RingPass(const Buffer& buf, ReduceOp op, MPI_Comm comm, size_t chunk_bytes) : buf_(buf), op_(op), comm_(comm) {
+    PYCOMM_MPI_CHECK(MPI_Comm_rank(comm, &rank_));
+    PYCOMM_MPI_CHECK(MPI_Comm_size(comm, &size_));
+    esize_ = kernels::dtype_size(buf.dtype);
+    chunk_elems_ = std::max<size_t>(1, chunk_bytes / esize_);
+    // Chunk table: for segment j, chunks [first_chunk_[j], first_chunk_[j+1]).
+    first_chunk_.resize(static_cast<size_t>(size_) + 1, 0);
+    for (int j = 0; j < size_; ++j)
+      first_chunk_[j + 1] = first_chunk_[j] + (part_size(buf.count, size_, j) + chunk_elems_ - 1) / chunk_elems_;
+    send_req_.assign(first_chunk_.back(), MPI_REQUEST_NULL);
+    dtype_ = MPI_BYTE;
+  }
+
+  void run() {
+    const int steps = 2 * (size_ - 1);
+    left_ = (rank_ - 1 + size_) % size_;
+    right_ = (rank_ + 1) % size_;
+    slots_.resize(static_cast<size_t>(kRecvWindow) * chunk_elems_ * esize_);
+
+    // Step 0 sends come straight from the caller's data.
+    for (size_t c = 0; c < chunks_of(send_seg(0)); ++c) post_send(0, c);
+
+    // Receives in (step, chunk) order, kRecvWindow ahead.
+    std::vector<std::pair<int, size_t>> order;
+    for (int t = 0; t < steps; ++t)
+      for (size_t c = 0; c < chunks_of(recv_seg(t)); ++c) order.emplace_back(t, c);
+    std::vector<MPI_Request> recv_req(order.size(), MPI_REQUEST_NULL);
+    size_t posted = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      while (posted < order.size() && posted < i + kRecvWindow) {
+        post_recv(order[posted].first, order[posted].second, posted % kRecvWindow, &recv_req[posted]);
+        ++posted;
+      }
+      PYCOMM_MPI_CHECK(MPI_Wait(&recv_req[i], MPI_STATUS_IGNORE));
+      const int t = order[i].first;
+      const size_t c = order[i].second;
+      if (t < size_ - 1) {
+        size_t begin, len;
+        chunk_range(recv_seg(t), c, &begin, &len);
+        kernels::reduce_cpu(buf_.bytes_at(begin), slot(i % kRecvWindow), len, buf_.dtype, op_);
+      }
+      if (t + 1 < steps) post_send(t + 1, c);
+    }
+    if (!send_req_.empty())
+      PYCOMM_MPI_CHECK(MPI_Waitall(static_cast<int>(send_req_.size()), send_req_.data(), MPI_STATUSES_IGNORE));
+  }
+
+ private:
+  int send_seg(int t) const { return ((rank_ - t) % size_ + size_) % size_; }
+  int recv_seg(int t) const { return ((rank_ - t - 1) % size_ + size_) % size_; }
+  size_t chunks_of(int seg) const { return first_chunk_[seg + 1] - first_chunk_[seg]; }
+  char* slot(size_t s) { return slots_.data() + s * chunk_elems_ * esize_; }
+
+  void chunk_range(int seg, size_t c, size_t* begin, size_t* len) const {
+    size_t seg_begin = part_begin(buf_.count, size_, seg), seg_len = part_size(buf_.count, size_, seg);
+    *begin = seg_begin + c * chunk_elems_;
+    *len = std::min(chunk_elems_, seg_len - c * chunk_elems_);
+  }
+
+  static int checked_int(size_t bytes) {
+    if (bytes > static_cast<size_t>(INT32_MAX)) throw CommError("ring_allreduce: chunk larger than 2 GiB");
+    return static_cast<int>(bytes);
+  }
+
+  void post_send(int t, size_t c) {
+    int seg = send_seg(t);
+    size_t begin, len;
+    chunk_range(seg, c, &begin, &len);
+    MPI_Request& req = send_req_[first_chunk_[seg] + c];
+    if (req != MPI_REQUEST_NULL) PYCOMM_MPI_CHECK(MPI_Wait(&req, MPI_STATUS_IGNORE));
+    PYCOMM_MPI_CHECK(MPI_Isend(buf_.bytes_at(begin), checked_int(len * esize_), dtype_, right_, kRingTag, comm_, &req));
+  }
+
+  void post_recv(int t, size_t c, size_t slot_index, MPI_Request* req) {
+    int seg = recv_seg(t);
+    size_t begin, len;
+    chunk_range(seg, c, &begin, &len);
+    void* dst;
+    if (t < size_ - 1) {
+      dst = slot(slot_index);  // reduce-scatter: into scratch, reduced when processed
+    } else {
+      // allgather: straight into place, once the earlier send from there is done
+      MPI_Request& pending = send_req_[first_chunk_[seg] + c];
+      if (pending != MPI_REQUEST_NULL) PYCOMM_MPI_CHECK(MPI_Wait(&pending, MPI_STATUS_IGNORE));
+      dst = buf_.bytes_at(begin);
+    }
+    PYCOMM_MPI_CHECK(MPI_Irecv(dst, checked_int(len * esize_), dtype_, left_, kRingTag, comm_, req));
+  }
+
+  const Buffer& buf_;
+  ReduceOp op_;
+  MPI_Comm comm_;
+  MPI_Datatype dtype_;
+  int rank_ = 0, size_ = 1, left_ = 0, right_ = 0;
+  size_t esize_ = 4, chunk_elems_ = 1;
+  std::vector<size_t> first_chunk_;
+  std::vector<MPI_Request> send_req_;
+  std::vector<char> slots_;
+};
+
+}  // namespace
+
+void ring_allreduce(const Buffer& buf, ReduceOp op, MPI_Comm comm, size_t chunk_bytes) {
+  int size = 1;
+  PYCOMM_MPI_CHECK(MPI_Comm_size(comm, &size));
+  if (size == 1 || buf.count == 0) return;
+  if (buf.device != Device::CPU) throw CommError("ring_allreduce: host memory expected");
+  RingPass(buf, op, comm, chunk_bytes).run();
+}
+
+}  // namespace comm
+}  // namespace pycomm

@@ -1,0 +1,17 @@
+// Element-wise reductions: dst[i] = dst[i] op src[i].
+// fp16/bf16 are widened to fp32, combined, and rounded once (round to nearest even).
+#pragma once
+#include <cstddef>
+
+#include "dtype.h"
+
+namespace pycomm {
+namespace kernels {
+
+void reduce_cpu(void* dst, const void* src, size_t count, DType dtype, ReduceOp op);
+
+// dst[i] *= factor (floating types only); used for op="avg" after a sum.
+void scale_cpu(void* dst, size_t count, DType dtype, double factor);
+
+}  // namespace kernels
+}  // namespace pycomm

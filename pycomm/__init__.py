@@ -1,0 +1,50 @@
+"""pycomm: an MPI-driven communication backend for distributed deep learning with PyTorch.
+
+    import pycomm
+    pycomm.init()
+    pycomm.allreduce(tensor, op="avg")
+
+Launch with ``pycomm-run -np 4 python train.py`` (a thin wrapper over mpirun).
+"""
+import torch  # noqa: F401  (loads libtorch before the native core)
+
+from . import _C
+from .collectives import (
+    Handle,
+    allgather,
+    allgather_async,
+    allreduce,
+    allreduce_async,
+    barrier,
+    broadcast,
+    broadcast_async,
+)
+from .runtime import (
+    CommError,
+    Topology,
+    cross_comm,
+    get_options,
+    init,
+    is_initialized,
+    local_comm,
+    local_rank,
+    local_size,
+    node_rank,
+    num_nodes,
+    rank,
+    set_options,
+    shutdown,
+    size,
+    topology,
+    world_comm,
+)
+
+__version__ = "0.1.0"
+cuda_built = bool(_C.cuda_built)
+
+__all__ = [
+    "CommError", "Handle", "Topology", "allgather", "allgather_async", "allreduce", "allreduce_async",
+    "barrier", "broadcast", "broadcast_async", "cross_comm", "cuda_built", "get_options", "init",
+    "is_initialized", "local_comm", "local_rank", "local_size", "node_rank", "num_nodes", "rank",
+    "set_options", "shutdown", "size", "topology", "world_comm",
+]

