@@ -1,0 +1,43 @@
+"""Run a pytest file under mpirun at a given world size (used by tests/test_parallel.py).
+
+Every rank runs the same pytest session on the file. A failure on any rank
+makes that rank exit non-zero at once (tests/parallel/conftest.py), which
+makes mpirun tear the whole job down: a failing rank fails the run and never
+hangs it. A wall-clock limit backs that up.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from typing import Dict, Optional, Tuple
+
+from pycomm.launcher import build_command, find_launcher, mpi_flavour
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_under_mpi(np: int, args, timeout: float = 600, env: Optional[Dict[str, str]] = None) -> Tuple[int, str]:
+    """Launch `python args...` on `np` ranks; return (exit code, combined output)."""
+    launcher = find_launcher()
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    full_env["PYTHONUNBUFFERED"] = "1"
+    cmd = build_command(np, [sys.executable, *args], launcher=launcher, flavour=mpi_flavour(launcher), env=full_env)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return -9, (out or "") + f"\n*** killed after {timeout:.0f} s: the job hung ***\n"
+    return proc.returncode, out
+
+
+def run_pytest_under_mpi(np: int, path: str, timeout: float = 600, env: Optional[Dict[str, str]] = None,
+                         extra=()) -> Tuple[int, str]:
+    return run_under_mpi(np, ["-m", "pytest", path, "-q", "-x", "-p", "no:cacheprovider", "--color=no", "--timeout=240",
+                              *extra], timeout=timeout, env=env)

@@ -1,0 +1,114 @@
+"""allreduce against float64 numpy references and mpi4py's own Allreduce."""
+import numpy as np
+import pytest
+import torch
+
+import pycomm
+from refdata import assert_close, rank_data
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
+# 0, 1, odd, not divisible by 1..4 ranks nor by 8/32, larger than one ring chunk.
+COUNTS = [0, 1, 2, 3, 7, 13, 1001, 65537, 300_007]
+
+
+def gather_bytes(comm, t: torch.Tensor):
+    raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return comm.allgather(raw)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "mpi", "auto"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sum_matches_reference_and_is_identical_on_all_ranks(algorithm, dtype, comm):
+    rank, size = pycomm.rank(), pycomm.size()
+    for count in COUNTS:
+        x = rank_data(rank, count, dtype, seed=1)
+        y = pycomm.allreduce(x.clone(), op="sum", algorithm=algorithm)
+        assert y.dtype == dtype and y.shape == x.shape
+        assert_close(y, "sum", size, dtype, seed=1, what=f"{algorithm} {dtype} [{count}]")
+        copies = gather_bytes(comm, y)
+        assert all(c == copies[0] for c in copies), f"ranks hold different results ({algorithm} {dtype} [{count}])"
+
+
+@pytest.mark.parametrize("op", ["avg", "min", "max"])
+@pytest.mark.parametrize("algorithm", ["ring", "mpi"])
+def test_other_ops(op, algorithm):
+    rank, size = pycomm.rank(), pycomm.size()
+    dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+    if op != "avg":
+        dtypes += [torch.int32, torch.int64]
+    for dtype in dtypes:
+        for count in (1, 999, 70_001):
+            x = rank_data(rank, count, dtype, seed=2)
+            y = pycomm.allreduce(x, op=op, algorithm=algorithm)
+            assert_close(y, op, size, dtype, seed=2, what=f"{op} {algorithm} {dtype}")
+
+
+def test_ring_equals_mpi4py_allreduce(comm):
+    from mpi4py import MPI
+
+    rank = pycomm.rank()
+    for count in (17, 123_457):
+        x = rank_data(rank, count, torch.float64, seed=3)
+        ref = np.empty(count)
+        comm.Allreduce(x.numpy(), ref, op=MPI.SUM)
+        y = pycomm.allreduce(x.clone(), algorithm="ring")
+        np.testing.assert_allclose(y.numpy(), ref, rtol=1e-13, atol=1e-11)
+        ymax = pycomm.allreduce(x.clone(), op="max", algorithm="ring")
+        comm.Allreduce(x.numpy(), ref, op=MPI.MAX)
+        np.testing.assert_array_equal(ymax.numpy(), ref)
+
+
+def test_out_of_place_leaves_input_untouched():
+    rank, size = pycomm.rank(), pycomm.size()
+    x = rank_data(rank, 4097, torch.float32, seed=4).reshape(17, 241)
+    before = x.clone()
+    out = torch.full_like(x, float("nan"))
+    y = pycomm.allreduce(x, out=out, algorithm="ring")
+    assert y.data_ptr() == out.data_ptr()
+    assert torch.equal(x, before)
+    assert_close(out, "sum", size, torch.float32, seed=4, what="out=")
+
+
+def test_multidimensional_and_small_chunks():
+    """Many pipeline chunks per ring step: a chunk of 64 bytes over 100k elements."""
+    rank, size = pycomm.rank(), pycomm.size()
+    old = pycomm.get_options()["ring_chunk_bytes"]
+    pycomm.set_options(ring_chunk_bytes=64)
+    try:
+        x = rank_data(rank, 100_003, torch.float32, seed=5)
+        y = pycomm.allreduce(x.clone(), algorithm="ring")
+    finally:
+        pycomm.set_options(ring_chunk_bytes=old)
+    assert_close(y, "sum", size, torch.float32, seed=5, what="64-byte chunks")
+
+
+def test_async_handles_complete_in_submission_order():
+    rank, size = pycomm.rank(), pycomm.size()
+    xs = [rank_data(rank, n, torch.float32, seed=6 + i) for i, n in enumerate((5, 50_000, 3, 200_001))]
+    handles = [pycomm.allreduce_async(x, algorithm="ring") for x in xs]
+    results = [h.wait() for h in reversed(handles)][::-1]
+    for i, (h, y) in enumerate(zip(handles, results)):
+        assert h.done()
+        assert_close(y, "sum", size, torch.float32, seed=6 + i, what=f"async #{i}")
+
+
+def test_fp16_average_of_large_values_does_not_overflow():
+    size = pycomm.size()
+    x = torch.full((1000,), 60000.0, dtype=torch.float16)  # N * 60000 > fp16 max 65504
+    y = pycomm.allreduce(x, op="avg", algorithm="ring")
+    assert torch.isfinite(y).all()
+    np.testing.assert_allclose(y.float().numpy(), 60000.0, rtol=2e-3)
+    assert size >= 1
+
+
+def test_large_tensor_256mib():
+    """A 256 MiB float32 tensor (64 Mi elements) through the ring."""
+    rank, size = pycomm.rank(), pycomm.size()
+    n = 64 * 1024 * 1024
+    x = torch.full((n,), float(rank + 1), dtype=torch.float32)
+    x[rank::7919] = 0.5
+    y = pycomm.allreduce(x, algorithm="ring")
+    expected = torch.full((n,), float(size * (size + 1) // 2), dtype=torch.float32)
+    for r in range(size):
+        expected[r::7919] -= (r + 1) - 0.5
+    assert torch.equal(y, expected)

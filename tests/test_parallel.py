@@ -1,0 +1,24 @@
+"""Runs every tests/parallel/test_*.py file under mpirun at 1, 2, 3 and 4 ranks.
+
+Each (file, ranks) pair is one test here; inside it every rank runs the
+file's tests and asserts its own results against independent references.
+"""
+import glob
+import os
+
+import pytest
+
+from mpi_launch import run_pytest_under_mpi
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FILES = sorted(os.path.relpath(p, os.path.dirname(HERE)) for p in glob.glob(os.path.join(HERE, "parallel", "test_*.py")))
+WORLD_SIZES = [int(n) for n in os.environ.get("PYCOMM_TEST_WORLD_SIZES", "1,2,3,4").split(",")]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np", WORLD_SIZES)
+@pytest.mark.parametrize("path", FILES)
+def test_under_mpirun(path, np):
+    rc, out = run_pytest_under_mpi(np, path)
+    if rc != 0:
+        pytest.fail(f"{path} failed at {np} ranks (exit {rc}):\n{out[-12000:]}", pytrace=False)
