@@ -121,6 +121,7 @@ setup(
         "console_scripts": [
             "pycomm-run=pycomm.launcher:main",
             "pycomm-train=pycomm.train.__main__:main",
+            "pycomm-testbed=pycomm.testbed:main",
         ]
     },
     zip_safe=False,
