@@ -54,7 +54,7 @@ def _check_op(op: str, dtype: torch.dtype, what: str) -> None:
 
 
 def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
-                    out: Optional[torch.Tensor] = None, name: Optional[str] = None) -> Handle:
+                    out: Optional[torch.Tensor] = None, name: Optional[str] = None, _blocking: bool = False) -> Handle:
     """Start an allreduce; ``handle.wait()`` returns the result tensor.
 
     op: sum | avg | min | max. avg of fp16/bf16 divides by N before summing
@@ -77,27 +77,28 @@ def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "aut
             raise ValueError(f"pycomm.allreduce: out{_label(name)} is {out.dtype}{list(out.shape)} on {out.device}, "
                              f"expected {tensor.dtype}{list(tensor.shape)} on {tensor.device}")
     reduce_op = "sum" if op == "avg" else op
-    return _C.allreduce_async(tensor, out, reduce_op, op == "avg", algorithm, name or "")
+    return _C.allreduce_async(tensor, out, reduce_op, op == "avg", algorithm, name or "", _blocking)
 
 
 def allreduce(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
               out: Optional[torch.Tensor] = None, name: Optional[str] = None) -> torch.Tensor:
     """Reduce `tensor` over all ranks; see allreduce_async. Returns the result."""
-    return allreduce_async(tensor, op=op, algorithm=algorithm, out=out, name=name).wait()
+    return allreduce_async(tensor, op=op, algorithm=algorithm, out=out, name=name, _blocking=True).wait()
 
 
-def broadcast_async(tensor: torch.Tensor, root: int = 0, name: Optional[str] = None) -> Handle:
+def broadcast_async(tensor: torch.Tensor, root: int = 0, name: Optional[str] = None,
+                    _blocking: bool = False) -> Handle:
     """Start a broadcast of `tensor` from `root` into every rank's `tensor` (in place)."""
     topo = topology()
     check_tensor(tensor, "broadcast", name)
     if not isinstance(root, int) or not 0 <= root < topo.size:
         raise ValueError(f"pycomm.broadcast: root={root!r} is not a rank of this job (0..{topo.size - 1})")
-    return _C.broadcast_async(tensor, root, name or "")
+    return _C.broadcast_async(tensor, root, name or "", _blocking)
 
 
 def broadcast(tensor: torch.Tensor, root: int = 0, name: Optional[str] = None) -> torch.Tensor:
     """Broadcast `tensor` from `root` in place; returns it."""
-    return broadcast_async(tensor, root, name).wait()
+    return broadcast_async(tensor, root, name, _blocking=True).wait()
 
 
 def allgather_async(tensor: torch.Tensor, name: Optional[str] = None) -> Handle:
@@ -121,4 +122,4 @@ def allgather(tensor: torch.Tensor, name: Optional[str] = None) -> torch.Tensor:
 def barrier() -> None:
     """Block until every rank has reached the barrier (after all earlier collectives)."""
     topology()
-    _C.barrier_async().wait()
+    _C.barrier_async(True).wait()

@@ -74,7 +74,8 @@ std::shared_ptr<void> keep(std::vector<at::Tensor> tensors) {
 }
 
 std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tensor& output, const std::string& op,
-                                        bool average, const std::string& algorithm, const std::string& name) {
+                                        bool average, const std::string& algorithm, const std::string& name,
+                                        bool blocking) {
   comm::AllreduceArgs a;
   a.input = to_buffer(input, "allreduce");
   a.output = to_buffer(output, "allreduce out");
@@ -84,13 +85,21 @@ std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tenso
   a.average = average;
   a.algorithm = parse_algorithm(algorithm);
   a.name = name;
-  auto work = engine().allreduce(a, keep({input, output}));
+  comm::WorkPtr work;
+  {
+    py::gil_scoped_release release;  // a blocking call may run the collective right here
+    work = engine().allreduce(a, keep({input, output}), blocking);
+  }
   return std::make_shared<Handle>(work, output);
 }
 
-std::shared_ptr<Handle> broadcast_async(const at::Tensor& tensor, int root, const std::string& name) {
+std::shared_ptr<Handle> broadcast_async(const at::Tensor& tensor, int root, const std::string& name, bool blocking) {
   comm::Buffer b = to_buffer(tensor, "broadcast");
-  auto work = engine().broadcast(b, root, name, keep({tensor}));
+  comm::WorkPtr work;
+  {
+    py::gil_scoped_release release;
+    work = engine().broadcast(b, root, name, keep({tensor}), blocking);
+  }
   return std::make_shared<Handle>(work, tensor);
 }
 
@@ -180,10 +189,21 @@ void register_comm(py::module_& m) {
   m.def("completed_operations", [] { return engine().completed(); });
 
   m.def("allreduce_async", &allreduce_async, py::arg("input"), py::arg("output"), py::arg("op"), py::arg("average"),
-        py::arg("algorithm"), py::arg("name") = "");
-  m.def("broadcast_async", &broadcast_async, py::arg("tensor"), py::arg("root"), py::arg("name") = "");
+        py::arg("algorithm"), py::arg("name") = "", py::arg("blocking") = false);
+  m.def("broadcast_async", &broadcast_async, py::arg("tensor"), py::arg("root"), py::arg("name") = "",
+        py::arg("blocking") = false);
   m.def("allgather_async", &allgather_async, py::arg("tensor"), py::arg("name") = "");
-  m.def("barrier_async", [] { return std::make_shared<Handle>(engine().barrier(), at::Tensor()); });
+  m.def(
+      "barrier_async",
+      [](bool blocking) {
+        comm::WorkPtr work;
+        {
+          py::gil_scoped_release release;
+          work = engine().barrier(blocking);
+        }
+        return std::make_shared<Handle>(work, at::Tensor());
+      },
+      py::arg("blocking") = false);
 }
 
 }  // namespace bindings

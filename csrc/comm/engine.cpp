@@ -71,15 +71,39 @@ EngineOptions Engine::options() const {
   return options_;
 }
 
-WorkPtr Engine::submit(std::string description, std::shared_ptr<void> keepalive, std::function<void()> body) {
+WorkPtr Engine::submit(std::string description, std::shared_ptr<void> keepalive, std::function<void()> body,
+                       bool inline_if_idle) {
   auto work = std::make_shared<Work>(std::move(description), std::move(keepalive));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (stopping_) throw CommError("pycomm engine is shutting down");
-    queue_.emplace_back(work, std::move(body));
+    if (!(inline_if_idle && queue_.empty() && !busy_)) {
+      queue_.emplace_back(work, std::move(body));
+      lock.unlock();
+      cv_.notify_all();
+      return work;
+    }
+    busy_ = true;
+    active_ = options_;
+  }
+  run_item(work, body);
+  return work;
+}
+
+void Engine::run_item(const WorkPtr& work, const std::function<void()>& body) {
+  std::exception_ptr error;
+  try {
+    body();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++completed_;
+    busy_ = false;
   }
   cv_.notify_all();
-  return work;
+  work->finish(error);
 }
 
 void Engine::loop() {
@@ -87,23 +111,14 @@ void Engine::loop() {
     std::pair<WorkPtr, std::function<void()>> item;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      cv_.wait(lock, [this] { return (stopping_ && !busy_) || (!queue_.empty() && !busy_); });
       if (queue_.empty()) return;  // stopping, and everything submitted has run
       item = std::move(queue_.front());
       queue_.pop_front();
+      busy_ = true;
       active_ = options_;  // options are read only between operations
     }
-    std::exception_ptr error;
-    try {
-      item.second();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++completed_;
-    }
-    item.first->finish(error);
+    run_item(item.first, item.second);
   }
 }
 
@@ -145,7 +160,7 @@ void Engine::run_allreduce(const AllreduceArgs& a) {
   if (a.average && !half) kernels::scale_cpu(out.data, out.count, out.dtype, inv_n);
 }
 
-WorkPtr Engine::allreduce(const AllreduceArgs& args, std::shared_ptr<void> keepalive) {
+WorkPtr Engine::allreduce(const AllreduceArgs& args, std::shared_ptr<void> keepalive, bool blocking) {
   if (args.input.device != Device::CPU || args.output.device != Device::CPU)
     throw CommError("allreduce: this pycomm build handles host memory only");
   Signature sig = signature_of(Collective::ALLREDUCE, args.input, flat_shape(args.input), args.name);
@@ -155,16 +170,17 @@ WorkPtr Engine::allreduce(const AllreduceArgs& args, std::shared_ptr<void> keepa
   return submit("allreduce " + args.name, std::move(keepalive), [this, args, sig] {
     if (active_.check_consistency) check_agreement(sig, topo_.world, "pycomm.allreduce");
     run_allreduce(args);
-  });
+  }, blocking);
 }
 
-WorkPtr Engine::broadcast(const Buffer& buf, int root, std::string name, std::shared_ptr<void> keepalive) {
+WorkPtr Engine::broadcast(const Buffer& buf, int root, std::string name, std::shared_ptr<void> keepalive,
+                          bool blocking) {
   Signature sig = signature_of(Collective::BROADCAST, buf, flat_shape(buf), name);
   sig.root = root;
   return submit("broadcast " + name, std::move(keepalive), [this, buf, root, sig] {
     if (active_.check_consistency) check_agreement(sig, topo_.world, "pycomm.broadcast");
     if (topo_.size > 1 && buf.count) comm::broadcast(buf, root, topo_.world);
-  });
+  }, blocking);
 }
 
 WorkPtr Engine::allgather(const Buffer& send, size_t rows, std::vector<int64_t> row_shape,
@@ -182,13 +198,13 @@ WorkPtr Engine::allgather(const Buffer& send, size_t rows, std::vector<int64_t> 
   });
 }
 
-WorkPtr Engine::barrier() {
+WorkPtr Engine::barrier(bool blocking) {
   return submit("barrier", nullptr, [this] {
     Signature sig;
     sig.kind = static_cast<int32_t>(Collective::BARRIER);
     if (active_.check_consistency) check_agreement(sig, topo_.world, "pycomm.barrier");
     PYCOMM_MPI_CHECK(MPI_Barrier(topo_.world));
-  });
+  }, blocking);
 }
 
 }  // namespace comm

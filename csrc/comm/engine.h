@@ -68,19 +68,26 @@ class Engine {
   EngineOptions options() const;
   void set_options(const EngineOptions& options);
 
-  WorkPtr allreduce(const AllreduceArgs& args, std::shared_ptr<void> keepalive);
-  WorkPtr broadcast(const Buffer& buf, int root, std::string name, std::shared_ptr<void> keepalive);
+  // `blocking`: the caller will wait at once, so run on its thread if the engine is idle.
+  WorkPtr allreduce(const AllreduceArgs& args, std::shared_ptr<void> keepalive, bool blocking = false);
+  WorkPtr broadcast(const Buffer& buf, int root, std::string name, std::shared_ptr<void> keepalive,
+                    bool blocking = false);
   // `send` holds `rows` rows of shape `row_shape`; `allocate(total_rows)` runs on
   // the engine thread and returns the output memory.
   WorkPtr allgather(const Buffer& send, size_t rows, std::vector<int64_t> row_shape,
                     std::function<void*(size_t)> allocate, std::string name, std::shared_ptr<void> keepalive);
-  WorkPtr barrier();
+  WorkPtr barrier(bool blocking = false);
 
   // Number of operations run so far (for tests and stall reports).
   uint64_t completed() const;
 
  private:
-  WorkPtr submit(std::string description, std::shared_ptr<void> keepalive, std::function<void()> body);
+  // Queue `body` for the worker; with `inline_if_idle` and nothing queued or
+  // running, run it on the calling thread instead (a synchronous call then
+  // costs no thread hand-off, which on a busy machine is a scheduler slice).
+  WorkPtr submit(std::string description, std::shared_ptr<void> keepalive, std::function<void()> body,
+                 bool inline_if_idle = false);
+  void run_item(const WorkPtr& work, const std::function<void()>& body);
   void loop();
   void run_allreduce(const AllreduceArgs& args);
 
@@ -91,6 +98,7 @@ class Engine {
   std::condition_variable cv_;
   std::deque<std::pair<WorkPtr, std::function<void()>>> queue_;
   bool stopping_ = false;
+  bool busy_ = false;  // an operation is running (on the worker or inline on a caller)
   uint64_t completed_ = 0;
   std::thread worker_;
 };

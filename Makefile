@@ -1,0 +1,56 @@
+# pycomm: set up, build, run and test from nothing.
+#
+#   make run    the main job: 4-rank synchronous SGD on the bundled digits data, then an allreduce bandwidth table
+#   make test   every test: one-process unit tests and the MPI tests at 1, 2, 3 and 4 ranks
+#
+# The virtual environment lives in .venv (override with VENV=...). torch is the
+# CPU build unless an NVIDIA driver is present (override with TORCH_SPEC=...).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+TORCH_SPEC ?= $(if $(HAS_GPU),torch==2.14.1,torch==2.13.0)
+NP ?= 4
+CSRC := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu' 2>/dev/null)
+
+.PHONY: all venv build run train bench test test-unit test-mpi clean
+
+all: build
+
+venv: $(VENV)/.deps
+
+$(VENV)/.deps: requirements-dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $@
+
+# Editable install (console scripts pycomm-run, pycomm-train, ...), rebuilt when C++/CUDA sources change.
+build: $(VENV)/.built
+
+$(VENV)/.built: $(VENV)/.deps setup.py pyproject.toml $(CSRC)
+	$(PY) -m pip install -q --no-build-isolation -e .
+	$(PY) setup.py -q build_ext --inplace
+	touch $@
+
+run: build train bench
+
+train: build
+	$(VENV)/bin/pycomm-run -np $(NP) -- $(VENV)/bin/pycomm-train --algorithm ssgd --dataset digits --model mlp --epochs 8
+
+bench: build
+	$(VENV)/bin/pycomm-run -np $(NP) -- $(PY) bench/allreduce.py --quick
+
+test: build
+	$(PY) -m pytest tests
+
+test-unit: build
+	$(PY) -m pytest tests/unit
+
+test-mpi: build
+	$(PY) -m pytest tests/test_parallel.py
+
+clean:
+	rm -rf build *.egg-info pycomm/_C*.so $(VENV)/.built

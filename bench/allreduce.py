@@ -1,0 +1,221 @@
+"""Allreduce bandwidth, reported like nccl-tests.
+
+Run under MPI, e.g.:
+
+    pycomm-run -np 4 python bench/allreduce.py
+    pycomm-run -np 2 python bench/allreduce.py --min-bytes 1M --max-bytes 256M --json out.json --plot out.png
+
+Every row times one implementation at one size in the same run: pycomm's
+algorithms, MPI's own Allreduce through mpi4py, and torch.distributed's gloo
+backend. time_us is the median over iterations of the slowest rank's time;
+algbw = S / t; busbw = algbw * 2(N-1)/N (N = all ranks, for flat and
+hierarchical alike); #wrong counts elements that differ from the exact
+expected sum (the data are small integers, so every sum is exact).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+import pycomm
+
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().rstrip("B").rstrip("I")
+    unit = text[-1] if text and text[-1] in UNITS else ""
+    return int(float(text[: len(text) - len(unit)]) * UNITS[unit])
+
+
+def human(n: int) -> str:
+    for unit in ("GiB", "MiB", "KiB"):
+        scale = UNITS[unit[0]]
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def sizes(lo: int, hi: int, factor: int):
+    s = lo
+    while s <= hi:
+        yield s
+        s *= factor
+
+
+class PycommImpl:
+    def __init__(self, algorithm: str):
+        self.name = algorithm
+        self.algorithm = algorithm
+
+    def __call__(self, x):
+        pycomm.allreduce(x, algorithm=self.algorithm)
+
+
+class MpiImpl:
+    """MPI_Allreduce through mpi4py on a numpy view of the tensor (the MPI baseline)."""
+
+    name = "mpi4py"
+
+    def __init__(self, comm):
+        from mpi4py import MPI
+
+        self.comm, self.MPI = comm, MPI
+
+    def __call__(self, x):
+        if x.dtype in (torch.float16, torch.bfloat16):
+            raise NotImplementedError
+        arr = x.numpy()
+        self.comm.Allreduce(self.MPI.IN_PLACE, arr, op=self.MPI.SUM)
+
+
+class GlooImpl:
+    name = "gloo"
+
+    def __init__(self, comm):
+        import torch.distributed as dist
+
+        addr = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
+        if comm.rank == 0:
+            with socket.socket() as s:
+                s.bind(("", 0))
+                port = s.getsockname()[1]
+        else:
+            port = None
+        addr, port = comm.bcast((addr, port), root=0)
+        dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=comm.rank, world_size=comm.size)
+        self.dist = dist
+
+    def __call__(self, x):
+        self.dist.all_reduce(x)
+
+
+def time_impl(impl, comm, nbytes, dtype, iters, warmup):
+    from mpi4py import MPI
+
+    esize = torch.empty(0, dtype=dtype).element_size()
+    count = nbytes // esize
+    base = torch.full((count,), float(comm.rank + 1), dtype=dtype)
+    x = base.clone()
+    try:
+        impl(x)
+    except NotImplementedError:
+        return None
+    expected = float(comm.size * (comm.size + 1) // 2)
+    wrong = int((x != expected).sum())
+    times = []
+    for i in range(warmup + iters):
+        x.copy_(base)
+        comm.Barrier()
+        t0 = time.perf_counter()
+        impl(x)
+        dt = time.perf_counter() - t0
+        dt = comm.allreduce(dt, op=MPI.MAX)
+        if i >= warmup:
+            times.append(dt)
+    t = statistics.median(times)
+    algbw = nbytes / t / 1e9
+    busbw = algbw * 2 * (comm.size - 1) / comm.size
+    wrong = comm.allreduce(wrong, op=MPI.SUM)
+    return dict(impl=impl.name, size=nbytes, count=count, dtype=str(dtype).replace("torch.", ""),
+                time_us=t * 1e6, algbw=algbw, busbw=busbw, wrong=wrong, ranks=comm.size)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--min-bytes", default="8", type=parse_size)
+    p.add_argument("--max-bytes", default="256M", type=parse_size)
+    p.add_argument("--factor", type=int, default=4, help="size multiplier between rows")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--algorithms", default="ring,mpi", help="pycomm algorithms to time (comma list)")
+    p.add_argument("--baselines", default="mpi4py,gloo", help="baselines to time: mpi4py, gloo (comma list or '')")
+    p.add_argument("--iters", type=int, default=0, help="timed iterations per row (default: by size)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="a short table: 64 KiB, 1 MiB, 16 MiB")
+    p.add_argument("--json", help="write the rows to this file")
+    p.add_argument("--plot", help="write busbw against size to this PNG")
+    args = p.parse_args(argv)
+
+    pycomm.init()
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    dtype = DTYPES[args.dtype]
+    impls = [PycommImpl(a) for a in args.algorithms.split(",") if a]
+    for b in filter(None, args.baselines.split(",")):
+        if b == "mpi4py":
+            impls.append(MpiImpl(comm))
+        elif b == "gloo":
+            impls.append(GlooImpl(comm))
+        else:
+            p.error(f"unknown baseline {b!r}; choose mpi4py or gloo")
+    size_list = [1 << 16, 1 << 20, 16 << 20] if args.quick else list(sizes(args.min_bytes, args.max_bytes, args.factor))
+
+    rows = []
+    if comm.rank == 0:
+        topo = pycomm.topology()
+        print(f"# pycomm allreduce benchmark: {comm.size} ranks, {topo.num_nodes} node(s), dtype {args.dtype}, "
+              f"median of the slowest rank; busbw = algbw * 2(N-1)/N")
+        print(f"# {'size':>10} {'count':>11} {'impl':>10} {'time_us':>11} {'algbw GB/s':>10} {'busbw GB/s':>10} "
+              f"{'#wrong':>6}")
+    for nbytes in size_list:
+        iters = args.iters or max(5, min(200, int(2e8 // max(nbytes, 1)) // 10))
+        if args.quick:
+            iters = min(iters, 20)
+        for impl in impls:
+            row = time_impl(impl, comm, nbytes, dtype, iters, args.warmup)
+            if row is None:
+                continue
+            rows.append(row)
+            if comm.rank == 0:
+                print(f"  {human(nbytes):>10} {row['count']:>11} {row['impl']:>10} {row['time_us']:>11.1f} "
+                      f"{row['algbw']:>10.3f} {row['busbw']:>10.3f} {row['wrong']:>6}", flush=True)
+    if comm.rank == 0:
+        by_size = {}
+        for r in rows:
+            by_size.setdefault(r["size"], {})[r["impl"]] = r["busbw"]
+        base = "mpi4py" if "mpi4py" in {i.name for i in impls} else None
+        if base:
+            print(f"# busbw ratio to {base} at the largest size:", ", ".join(
+                f"{k} {v / by_size[max(by_size)][base]:.2f}x" for k, v in by_size[max(by_size)].items() if k != base))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        if args.plot:
+            plot(rows, args.plot, comm.size)
+    bad = sum(r["wrong"] for r in rows)
+    pycomm.shutdown()
+    return 1 if bad else 0
+
+
+def plot(rows, path, nranks):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in dict.fromkeys(r["impl"] for r in rows):
+        pts = [(r["size"], r["busbw"]) for r in rows if r["impl"] == name]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(f"allreduce busbw, {nranks} ranks")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
