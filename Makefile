@@ -12,7 +12,6 @@ PY := $(VENV)/bin/python
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_SPEC ?= $(if $(HAS_GPU),torch==2.14.1,torch==2.13.0)
 NP ?= 4
-CSRC := $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu' 2>/dev/null)
 
 .PHONY: all venv build run train bench test test-unit test-mpi clean
 
@@ -27,12 +26,13 @@ $(VENV)/.deps: requirements-dev.txt
 	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $@
 
-# Editable install (console scripts pycomm-run, pycomm-train, ...), rebuilt when C++/CUDA sources change.
-build: $(VENV)/.built
-
-$(VENV)/.built: $(VENV)/.deps setup.py pyproject.toml $(CSRC)
-	$(PY) -m pip install -q --no-build-isolation -e .
+# Editable install of the Python package (console scripts pycomm-run, pycomm-train, ...),
+# and the native module built in place; ninja recompiles only what changed.
+build: $(VENV)/.installed
 	$(PY) setup.py -q build_ext --inplace
+
+$(VENV)/.installed: $(VENV)/.deps setup.py pyproject.toml
+	PYCOMM_NO_EXTENSION=1 $(PY) -m pip install -q --no-build-isolation --no-deps -e .
 	touch $@
 
 run: build train bench
@@ -53,4 +53,4 @@ test-mpi: build
 	$(PY) -m pytest tests/test_parallel.py
 
 clean:
-	rm -rf build *.egg-info pycomm/_C*.so $(VENV)/.built
+	rm -rf build *.egg-info pycomm/_C*.so $(VENV)/.installed

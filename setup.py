@@ -107,12 +107,17 @@ def extension():
     return CppExtension(sources=cpp, define_macros=define_macros, extra_compile_args={"cxx": cxx_flags}, **kwargs)
 
 
+# PYCOMM_NO_EXTENSION=1 installs the Python package alone: the Makefile's
+# editable install uses it and then builds the extension in place with
+# `setup.py build_ext --inplace`, which ninja keeps incremental.
+EXT_MODULES = [] if os.environ.get("PYCOMM_NO_EXTENSION") == "1" else [extension()]
+
 setup(
     name="pycomm",
     version="0.1.0",
     description="MPI-driven communication backend for distributed deep learning with PyTorch",
     packages=find_packages(include=["pycomm", "pycomm.*"]),
-    ext_modules=[extension()],
+    ext_modules=EXT_MODULES,
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     python_requires=">=3.9",
     install_requires=["torch", "mpi4py>=3.1", "numpy", "tqdm"],
