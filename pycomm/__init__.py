@@ -18,6 +18,7 @@ from .collectives import (
     barrier,
     broadcast,
     broadcast_async,
+    resolve_algorithm,
 )
 from .runtime import (
     CommError,
@@ -35,6 +36,7 @@ from .runtime import (
     set_options,
     shutdown,
     size,
+    stats,
     topology,
     world_comm,
 )
@@ -46,5 +48,5 @@ __all__ = [
     "CommError", "Handle", "Topology", "allgather", "allgather_async", "allreduce", "allreduce_async",
     "barrier", "broadcast", "broadcast_async", "cross_comm", "cuda_built", "get_options", "init",
     "is_initialized", "local_comm", "local_rank", "local_size", "node_rank", "num_nodes", "rank",
-    "set_options", "shutdown", "size", "topology", "world_comm",
+    "resolve_algorithm", "set_options", "shutdown", "size", "stats", "topology", "world_comm",
 ]

@@ -1,21 +1,26 @@
 #include "engine.h"
 
+#include <algorithm>
 #include <cstring>
-#include <sstream>
 
 #include "../kernels/reduce.h"
 #include "algorithms.h"
 #include "mpi_types.h"
-#include "signature.h"
+#include "shm_window.h"
 
 namespace pycomm {
 namespace comm {
+
+constexpr size_t kMaxFusedOps = 128;  // tensors per fused batch (bounds the coordination message)
 
 const char* algorithm_name(Algorithm a) {
   switch (a) {
     case Algorithm::AUTO: return "auto";
     case Algorithm::RING: return "ring";
     case Algorithm::MPI: return "mpi";
+    case Algorithm::SHM: return "shm";
+    case Algorithm::HIERARCHICAL: return "hierarchical";
+    case Algorithm::HIERARCHICAL_MASTER: return "hierarchical_master";
   }
   return "unknown";
 }
@@ -41,7 +46,8 @@ void Work::finish(std::exception_ptr error) {
   cv_.notify_all();
 }
 
-Engine::Engine(const Topology& topo, const EngineOptions& options) : topo_(topo), options_(options) {
+Engine::Engine(const Topology& topo, MPI_Comm control, bool homogeneous, const EngineOptions& options)
+    : topo_(topo), homogeneous_(homogeneous), options_(options), active_(options), coordinator_(control) {
   mpi_types_init();
   worker_ = std::thread([this] { loop(); });
 }
@@ -53,17 +59,8 @@ Engine::~Engine() {
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  shm_.reset();  // collective over the node: every rank shuts down
   mpi_types_finalize();
-}
-
-void Engine::set_options(const EngineOptions& options) {
-  std::lock_guard<std::mutex> lock(mu_);
-  options_ = options;
-}
-
-uint64_t Engine::completed() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return completed_;
 }
 
 EngineOptions Engine::options() const {
@@ -71,56 +68,211 @@ EngineOptions Engine::options() const {
   return options_;
 }
 
-WorkPtr Engine::submit(std::string description, std::shared_ptr<void> keepalive, std::function<void()> body,
-                       bool inline_if_idle) {
-  auto work = std::make_shared<Work>(std::move(description), std::move(keepalive));
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (stopping_) throw CommError("pycomm engine is shutting down");
-    if (!(inline_if_idle && queue_.empty() && !busy_)) {
-      queue_.emplace_back(work, std::move(body));
-      lock.unlock();
-      cv_.notify_all();
-      return work;
-    }
+void Engine::set_options(const EngineOptions& options) {
+  std::lock_guard<std::mutex> lock(mu_);
+  options_ = options;
+}
+
+Engine::Stats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stats s = stats_;
+  s.rounds = coordinator_.rounds();
+  return s;
+}
+
+ShmWindow& Engine::shm() {
+  if (!shm_) shm_ = std::make_unique<ShmWindow>(topo_.local);
+  return *shm_;
+}
+
+// ---------------------------------------------------------------- queueing
+
+WorkPtr Engine::enqueue(Op op, bool inline_if_idle) {
+  op.submitted = std::chrono::steady_clock::now();
+  WorkPtr work = op.work;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stopping_) throw CommError("pycomm engine is shutting down");
+  if (inline_if_idle && queue_.empty() && !busy_) {
     busy_ = true;
     active_ = options_;
+    lock.unlock();
+    std::vector<Op*> batch{&op};
+    execute(batch);
+    lock.lock();
+    busy_ = false;
+    lock.unlock();
+    cv_.notify_all();
+    return work;
   }
-  run_item(work, body);
+  queue_.push_back(std::move(op));
+  lock.unlock();
+  cv_.notify_all();
   return work;
 }
 
-void Engine::run_item(const WorkPtr& work, const std::function<void()>& body) {
-  std::exception_ptr error;
-  try {
-    body();
-  } catch (...) {
-    error = std::current_exception();
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++completed_;
-    busy_ = false;
-  }
-  cv_.notify_all();
-  work->finish(error);
+bool Engine::compatible(const Op& head, const Op& next) const {
+  const AllreduceArgs &a = head.allreduce, &b = next.allreduce;
+  return next.fusable && a.input.dtype == b.input.dtype && a.op == b.op && a.average == b.average &&
+         a.algorithm == b.algorithm && b.input.bytes() <= active_.fusion_threshold_bytes;
 }
 
 void Engine::loop() {
   for (;;) {
-    std::pair<WorkPtr, std::function<void()>> item;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return (stopping_ && !busy_) || (!queue_.empty() && !busy_); });
-      if (queue_.empty()) return;  // stopping, and everything submitted has run
-      item = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
-      active_ = options_;  // options are read only between operations
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return !busy_ && (!queue_.empty() || stopping_); });
+    if (queue_.empty()) return;  // stopping, and everything submitted has run
+    busy_ = true;
+    active_ = options_;
+
+    const bool fusion = active_.fusion_threshold_bytes > 0 && active_.cycle_time_ms > 0 && queue_.front().fusable &&
+                        queue_.front().allreduce.input.bytes() <= active_.fusion_threshold_bytes;
+    // The fusable run at the head of the queue: compatible allreduces up to the threshold.
+    auto take_batch = [&](std::vector<Op*>* batch) {
+      size_t bytes = 0;
+      for (auto& op : queue_) {
+        if (batch && batch->size() == (fusion ? kMaxFusedOps : 1)) return false;
+        if (&op != &queue_.front() && !(fusion && compatible(queue_.front(), op))) return false;
+        size_t b = op.fusable ? op.allreduce.input.bytes() : 0;
+        if (&op != &queue_.front() && bytes + b > active_.fusion_threshold_bytes) return false;
+        bytes += b;
+        if (batch) batch->push_back(&op);
+      }
+      return fusion && bytes < active_.fusion_threshold_bytes && queue_.size() < kMaxFusedOps;
+    };
+    if (fusion) {  // give the head a cycle to gather company
+      auto deadline = queue_.front().submitted +
+                      std::chrono::microseconds(static_cast<int64_t>(active_.cycle_time_ms * 1000.0));
+      cv_.wait_until(lock, deadline, [&] { return stopping_ || !take_batch(nullptr); });
     }
-    run_item(item.first, item.second);
+    std::vector<Op*> batch;
+    take_batch(&batch);
+    lock.unlock();
+
+    size_t ran = execute(batch);
+
+    lock.lock();
+    for (size_t i = 0; i < ran; ++i) queue_.pop_front();
+    busy_ = false;
+    lock.unlock();
+    cv_.notify_all();
   }
 }
+
+size_t Engine::execute(std::vector<Op*>& batch) {
+  // Coordination is needed to compare the calls, and to fuse: ranks may have
+  // different numbers of tensors ready. Whether to coordinate depends only on
+  // the operation and the options, so every rank makes the same choice.
+  const bool fusion_possible = batch.front()->fusable && active_.fusion_threshold_bytes > 0 && active_.cycle_time_ms > 0;
+  const bool coordinate = active_.check_consistency || fusion_possible;
+  size_t count = 1;
+  std::exception_ptr error;
+  try {
+    if (coordinate) {
+      std::vector<Signature> proposal;
+      proposal.reserve(batch.size());
+      for (Op* op : batch) proposal.push_back(op->sig);
+      const char* what = batch.front()->fusable ? "pycomm.allreduce" : "pycomm";
+      count = coordinator_.agree(proposal, what, active_.stall);
+    }
+  } catch (...) {
+    error = std::current_exception();
+    count = 1;
+  }
+  if (!error) {
+    try {
+      if (count == 1) {
+        Op* op = batch.front();
+        if (op->fusable) run_allreduce(op->allreduce);
+        else op->body();
+      } else {
+        run_fused(std::vector<Op*>(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(count)));
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.operations += count;
+    if (count > 1) stats_.fused_tensors += count;
+  }
+  for (size_t i = 0; i < count; ++i) batch[i]->work->finish(error);
+  return count;
+}
+
+// ---------------------------------------------------------------- allreduce
+
+Algorithm Engine::resolve(Algorithm requested, size_t bytes) const {
+  if (requested != Algorithm::AUTO) return requested;
+  if (bytes < active_.auto_ring_min_bytes) return Algorithm::MPI;
+  if (topo_.num_nodes > 1 && homogeneous_ && topo_.local_size > 1) return Algorithm::HIERARCHICAL;
+  if (topo_.num_nodes == 1 && topo_.size > 1) return Algorithm::SHM;
+  return Algorithm::RING;
+}
+
+void Engine::run_allreduce(const AllreduceArgs& a) {
+  const Buffer& out = a.output;
+  if (out.data != a.input.data && a.input.count) std::memcpy(out.data, a.input.data, a.input.bytes());
+  if (out.count == 0 || topo_.size == 1) return;
+
+  const Algorithm algo = resolve(a.algorithm, out.bytes());
+  // Check what the topology allows before any data moves (same verdict on every rank).
+  if (algo == Algorithm::SHM && topo_.num_nodes > 1)
+    throw CommError("allreduce algorithm 'shm' reduces within one node, but this job spans " +
+                    std::to_string(topo_.num_nodes) + " nodes; use 'hierarchical' or 'ring'");
+  if ((algo == Algorithm::HIERARCHICAL || algo == Algorithm::HIERARCHICAL_MASTER) && !homogeneous_)
+    throw CommError(std::string("allreduce algorithm '") + algorithm_name(algo) +
+                    "' needs the same number of ranks on every node; this job's nodes differ in size "
+                    "(use 'ring' or 'mpi', or set PYCOMM_RANKS_PER_NODE to a divisor of the job size)");
+
+  // Averages of fp16/bf16 are pre-divided: a sum of N values near the top of
+  // the fp16 range overflows before the division could rescue it.
+  const bool half = out.dtype == DType::F16 || out.dtype == DType::BF16;
+  const double inv_n = 1.0 / static_cast<double>(topo_.size);
+  if (a.average && half) kernels::scale_cpu(out.data, out.count, out.dtype, inv_n);
+
+  switch (algo) {
+    case Algorithm::RING: ring_allreduce(out, a.op, topo_.world, active_.ring_chunk_bytes); break;
+    case Algorithm::MPI: mpi_allreduce(out, a.op, topo_.world); break;
+    case Algorithm::SHM: shm_allreduce(out, a.op, shm()); break;
+    case Algorithm::HIERARCHICAL:
+      hierarchical_allreduce(out, a.op, shm(), topo_.cross, true, active_.ring_chunk_bytes);
+      break;
+    case Algorithm::HIERARCHICAL_MASTER:
+      hierarchical_master_allreduce(out, a.op, shm(), topo_.local_rank == 0 ? topo_.cross : MPI_COMM_NULL, true,
+                                    active_.ring_chunk_bytes);
+      break;
+    default: throw CommError("allreduce: unknown algorithm");
+  }
+  if (a.average && !half) kernels::scale_cpu(out.data, out.count, out.dtype, inv_n);
+}
+
+void Engine::run_fused(const std::vector<Op*>& ops) {
+  const AllreduceArgs& head = ops.front()->allreduce;
+  const size_t esize = kernels::dtype_size(head.input.dtype);
+  size_t total = 0;
+  for (const Op* op : ops) total += op->allreduce.input.count;
+  if (fusion_buffer_.size() < total * esize) fusion_buffer_.resize(total * esize);
+  // Pack in batch order (the same on every rank), reduce once, unpack.
+  size_t offset = 0;
+  for (const Op* op : ops) {
+    const Buffer& in = op->allreduce.input;
+    std::memcpy(fusion_buffer_.data() + offset, in.data, in.bytes());
+    offset += in.bytes();
+  }
+  AllreduceArgs fused = head;
+  fused.input.data = fused.output.data = fusion_buffer_.data();
+  fused.input.count = fused.output.count = total;
+  run_allreduce(fused);
+  offset = 0;
+  for (const Op* op : ops) {
+    const Buffer& out = op->allreduce.output;
+    std::memcpy(out.data, fusion_buffer_.data() + offset, out.bytes());
+    offset += out.bytes();
+  }
+}
+
+// ---------------------------------------------------------------- public operations
 
 namespace {
 
@@ -139,46 +291,34 @@ std::vector<int64_t> flat_shape(const Buffer& b) { return {static_cast<int64_t>(
 
 }  // namespace
 
-void Engine::run_allreduce(const AllreduceArgs& a) {
-  const Buffer& out = a.output;
-  if (out.data != a.input.data && a.input.count) std::memcpy(out.data, a.input.data, a.input.bytes());
-  if (out.count == 0 || topo_.size == 1) return;
-
-  // Averages of fp16/bf16 are pre-divided: a sum of N values near the top of
-  // the fp16 range overflows before the division could rescue it.
-  const bool half = out.dtype == DType::F16 || out.dtype == DType::BF16;
-  const double inv_n = 1.0 / static_cast<double>(topo_.size);
-  if (a.average && half) kernels::scale_cpu(out.data, out.count, out.dtype, inv_n);
-
-  Algorithm algo = a.algorithm;
-  if (algo == Algorithm::AUTO) algo = out.bytes() < active_.auto_ring_min_bytes ? Algorithm::MPI : Algorithm::RING;
-  switch (algo) {
-    case Algorithm::RING: ring_allreduce(out, a.op, topo_.world, active_.ring_chunk_bytes); break;
-    case Algorithm::MPI: mpi_allreduce(out, a.op, topo_.world); break;
-    default: throw CommError("allreduce: unknown algorithm");
-  }
-  if (a.average && !half) kernels::scale_cpu(out.data, out.count, out.dtype, inv_n);
-}
-
 WorkPtr Engine::allreduce(const AllreduceArgs& args, std::shared_ptr<void> keepalive, bool blocking) {
   if (args.input.device != Device::CPU || args.output.device != Device::CPU)
     throw CommError("allreduce: this pycomm build handles host memory only");
-  Signature sig = signature_of(Collective::ALLREDUCE, args.input, flat_shape(args.input), args.name);
-  sig.op = static_cast<int32_t>(args.op);
-  sig.extra = args.average ? 1 : 0;
-  sig.algorithm = static_cast<int32_t>(args.algorithm);
-  return submit("allreduce " + args.name, std::move(keepalive), [this, args, sig] {
-    if (active_.check_consistency) check_agreement(sig, topo_.world, "pycomm.allreduce");
-    run_allreduce(args);
-  }, blocking);
+  Op op;
+  op.work = std::make_shared<Work>("allreduce " + args.name, std::move(keepalive));
+  op.sig = signature_of(Collective::ALLREDUCE, args.input, flat_shape(args.input), args.name);
+  op.sig.op = static_cast<int32_t>(args.op);
+  op.sig.extra = args.average ? 1 : 0;
+  op.sig.algorithm = static_cast<int32_t>(args.algorithm);
+  op.fusable = true;
+  op.allreduce = args;
+  return enqueue(std::move(op), blocking);
+}
+
+WorkPtr Engine::submit_custom(const Signature& sig, std::string description, std::shared_ptr<void> keepalive,
+                              std::function<void()> fn, bool blocking) {
+  Op op;
+  op.work = std::make_shared<Work>(std::move(description), std::move(keepalive));
+  op.sig = sig;
+  op.body = std::move(fn);
+  return enqueue(std::move(op), blocking);
 }
 
 WorkPtr Engine::broadcast(const Buffer& buf, int root, std::string name, std::shared_ptr<void> keepalive,
                           bool blocking) {
   Signature sig = signature_of(Collective::BROADCAST, buf, flat_shape(buf), name);
   sig.root = root;
-  return submit("broadcast " + name, std::move(keepalive), [this, buf, root, sig] {
-    if (active_.check_consistency) check_agreement(sig, topo_.world, "pycomm.broadcast");
+  return submit_custom(sig, "broadcast " + name, std::move(keepalive), [this, buf, root] {
     if (topo_.size > 1 && buf.count) comm::broadcast(buf, root, topo_.world);
   }, blocking);
 }
@@ -192,19 +332,15 @@ WorkPtr Engine::allgather(const Buffer& send, size_t rows, std::vector<int64_t> 
   size_t row_elems = 1;
   for (int64_t d : row_shape) row_elems *= static_cast<size_t>(d);
   const size_t row_bytes = row_elems * kernels::dtype_size(send.dtype);
-  return submit("allgather " + name, std::move(keepalive), [this, send, rows, row_bytes, sig, allocate] {
-    if (active_.check_consistency) check_agreement(sig, topo_.world, "pycomm.allgather");
+  return submit_custom(sig, "allgather " + name, std::move(keepalive), [this, send, rows, row_bytes, allocate] {
     allgatherv(send.data, rows, row_bytes, topo_.world, allocate);
-  });
+  }, false);
 }
 
 WorkPtr Engine::barrier(bool blocking) {
-  return submit("barrier", nullptr, [this] {
-    Signature sig;
-    sig.kind = static_cast<int32_t>(Collective::BARRIER);
-    if (active_.check_consistency) check_agreement(sig, topo_.world, "pycomm.barrier");
-    PYCOMM_MPI_CHECK(MPI_Barrier(topo_.world));
-  }, blocking);
+  Signature sig;
+  sig.kind = static_cast<int32_t>(Collective::BARRIER);
+  return submit_custom(sig, "barrier", nullptr, [this] { PYCOMM_MPI_CHECK(MPI_Barrier(topo_.world)); }, blocking);
 }
 
 }  // namespace comm

@@ -16,7 +16,7 @@ def gather_bytes(comm, t: torch.Tensor):
     return comm.allgather(raw)
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "mpi", "auto"])
+@pytest.mark.parametrize("algorithm", pycomm.collectives.ALLREDUCE_ALGORITHMS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sum_matches_reference_and_is_identical_on_all_ranks(algorithm, dtype, comm):
     rank, size = pycomm.rank(), pycomm.size()
