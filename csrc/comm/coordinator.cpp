@@ -137,8 +137,8 @@ size_t Coordinator::coordinate(const std::vector<Signature>& mine, const char* w
       std::ostringstream msg;
       msg << "pycomm stall: " << what << " #" << round_ << " (" << mine.front().describe()
           << (mine.size() > 1 ? " and " + std::to_string(mine.size() - 1) + " more" : "") << "): "
-          << rank_list(absent) << " have not submitted it after " << static_cast<int>(waited) << " s; "
-          << rank_list(present) << " are waiting.";
+          << rank_list(absent) << (absent.size() == 1 ? " has" : " have") << " not submitted it after " << static_cast<int>(waited) << " s; "
+          << rank_list(present) << (present.size() == 1 ? " is" : " are") << " waiting.";
       if (abort_now) msg << " Aborting the job (PYCOMM_STALL_ABORT_S=" << stall.abort_s << ").";
       std::string text = msg.str();
       log_line(text);
