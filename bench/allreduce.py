@@ -135,6 +135,10 @@ def time_impl(impl, comm, nbytes, dtype, iters, warmup):
         impl(x)
     except NotImplementedError:
         return None
+    except pycomm.CommError as e:  # not available on this topology: the same verdict on every rank
+        if comm.rank == 0:
+            print(f"# skipping {impl.name}: {e}")
+        return None
     expected = float(comm.size * (comm.size + 1) // 2)
     wrong = int((x != expected).sum())
     times = []
