@@ -222,6 +222,10 @@ OPTIONS = {
                         "report ranks that have not joined an operation after this long (0: never)"),
     "stall_abort_s": ("PYCOMM_STALL_ABORT_S", float, 0.0,
                       "abort the job when an operation waits this long (0: never)"),
+    "staging_chunk_bytes": ("PYCOMM_STAGING_CHUNK_BYTES", int, 4 << 20,
+                            "device data without CUDA-aware MPI travels through pinned host chunks of this size"),
+    "force_staging": ("PYCOMM_FORCE_STAGING", bool, False,
+                      "send host tensors through the staging pipeline too (exercises it without a GPU)"),
 }
 
 

@@ -2,7 +2,11 @@
 #include <mutex>
 
 #include "../comm/engine.h"
+#include "../comm/memory_mover.h"
 #include "bindings.h"
+#ifdef PYCOMM_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace py = pybind11;
 
@@ -40,6 +44,8 @@ comm::EngineOptions options_from(const py::dict& d, comm::EngineOptions o) {
   if (d.contains("cycle_time_ms")) o.cycle_time_ms = d["cycle_time_ms"].cast<double>();
   if (d.contains("stall_warning_s")) o.stall.warning_s = d["stall_warning_s"].cast<double>();
   if (d.contains("stall_abort_s")) o.stall.abort_s = d["stall_abort_s"].cast<double>();
+  if (d.contains("staging_chunk_bytes")) o.staging_chunk_bytes = d["staging_chunk_bytes"].cast<size_t>();
+  if (d.contains("force_staging")) o.force_staging = d["force_staging"].cast<bool>();
   return o;
 }
 
@@ -52,6 +58,8 @@ py::dict options_to(const comm::EngineOptions& o) {
   d["cycle_time_ms"] = o.cycle_time_ms;
   d["stall_warning_s"] = o.stall.warning_s;
   d["stall_abort_s"] = o.stall.abort_s;
+  d["staging_chunk_bytes"] = o.staging_chunk_bytes;
+  d["force_staging"] = o.force_staging;
   return d;
 }
 
@@ -92,7 +100,18 @@ class Handle {
   at::Tensor result_;
 };
 
+// The engine reads device tensors from its own streams: first let the work
+// already queued on torch's current stream (which produced them) finish.
+void sync_producer(const at::Tensor& t) {
+#ifdef PYCOMM_WITH_CUDA
+  if (t.is_cuda()) c10::cuda::getCurrentCUDAStream(t.get_device()).synchronize();
+#else
+  (void)t;
+#endif
+}
+
 std::shared_ptr<void> keep(std::vector<at::Tensor> tensors) {
+  for (const auto& t : tensors) sync_producer(t);
   return std::make_shared<std::vector<at::Tensor>>(std::move(tensors));
 }
 
@@ -191,6 +210,8 @@ void register_comm(py::module_& m) {
     g_engine.reset();  // drains the queue, joins the worker
   });
   m.def("engine_running", [] { return static_cast<bool>(g_engine); });
+  m.def("mpi_cuda_aware", [] { return comm::mpi_is_cuda_aware(); },
+        "Whether MPI reads CUDA device memory itself (else device data is staged through pinned host buffers).");
   m.def("set_options", [](const py::dict& d) { engine().set_options(options_from(d, engine().options())); });
   m.def("get_options", [] { return options_to(engine().options()); });
   m.def("stats", [] {

@@ -7,6 +7,7 @@
 #include "algorithms.h"
 #include "mpi_types.h"
 #include "shm_window.h"
+#include "staging.h"
 
 namespace pycomm {
 namespace comm {
@@ -47,8 +48,10 @@ void Work::finish(std::exception_ptr error) {
 }
 
 Engine::Engine(const Topology& topo, MPI_Comm control, bool homogeneous, const EngineOptions& options)
-    : topo_(topo), homogeneous_(homogeneous), options_(options), active_(options), coordinator_(control) {
+    : topo_(topo), homogeneous_(homogeneous), options_(options), active_(options), coordinator_(control),
+      staging_(std::make_unique<StagingBuffers>()) {
   mpi_types_init();
+  cuda_aware_ = mpi_is_cuda_aware();
   worker_ = std::thread([this] { loop(); });
 }
 
@@ -60,6 +63,9 @@ Engine::~Engine() {
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
   shm_.reset();  // collective over the node: every rank shuts down
+  staging_.reset();  // before the movers that own its memory
+  cuda_movers_.clear();
+  host_mover_.reset();
   mpi_types_finalize();
 }
 
@@ -210,7 +216,36 @@ Algorithm Engine::resolve(Algorithm requested, size_t bytes) const {
   return Algorithm::RING;
 }
 
+MemoryMover& Engine::mover_for(const Buffer& buf) {
+  if (buf.device == Device::CPU) {
+    if (!host_mover_) host_mover_ = std::make_unique<HostMover>();
+    return *host_mover_;
+  }
+  const size_t d = static_cast<size_t>(std::max(buf.device_index, 0));
+  if (cuda_movers_.size() <= d) cuda_movers_.resize(d + 1);
+  if (!cuda_movers_[d]) cuda_movers_[d] = make_cuda_mover(static_cast<int>(d));
+  return *cuda_movers_[d];
+}
+
 void Engine::run_allreduce(const AllreduceArgs& a) {
+  if (a.input.device != Device::CPU || active_.force_staging) return run_staged_allreduce(a);
+  run_host_allreduce(a);
+}
+
+// Device memory with an MPI that cannot touch it (or any memory, when forced
+// for testing): chunks go down to pinned host buffers, are reduced across
+// ranks on the host by the chosen algorithm, and go back up.
+void Engine::run_staged_allreduce(const AllreduceArgs& a) {
+  if (a.input.count == 0) return;
+  MemoryMover& mover = mover_for(a.input);
+  staged_allreduce(a.input, a.output, mover, *staging_, active_.staging_chunk_bytes, [&](const Buffer& chunk) {
+    AllreduceArgs h = a;
+    h.input = h.output = chunk;
+    run_host_allreduce(h);
+  });
+}
+
+void Engine::run_host_allreduce(const AllreduceArgs& a) {
   const Buffer& out = a.output;
   if (out.data != a.input.data && a.input.count) std::memcpy(out.data, a.input.data, a.input.bytes());
   if (out.count == 0 || topo_.size == 1) return;
@@ -292,16 +327,17 @@ std::vector<int64_t> flat_shape(const Buffer& b) { return {static_cast<int64_t>(
 }  // namespace
 
 WorkPtr Engine::allreduce(const AllreduceArgs& args, std::shared_ptr<void> keepalive, bool blocking) {
-  if (args.input.device != Device::CPU || args.output.device != Device::CPU)
-    throw CommError("allreduce: this pycomm build handles host memory only");
+  if (args.input.device != args.output.device || args.input.device_index != args.output.device_index)
+    throw CommError("allreduce: input and out must be on the same device");
   Op op;
   op.work = std::make_shared<Work>("allreduce " + args.name, std::move(keepalive));
   op.sig = signature_of(Collective::ALLREDUCE, args.input, flat_shape(args.input), args.name);
   op.sig.op = static_cast<int32_t>(args.op);
   op.sig.extra = args.average ? 1 : 0;
   op.sig.algorithm = static_cast<int32_t>(args.algorithm);
-  op.fusable = true;
+  op.fusable = args.input.device == Device::CPU;  // device tensors are reduced one by one
   op.allreduce = args;
+  if (!op.fusable) op.body = [this, args] { run_allreduce(args); };
   return enqueue(std::move(op), blocking);
 }
 
@@ -319,7 +355,18 @@ WorkPtr Engine::broadcast(const Buffer& buf, int root, std::string name, std::sh
   Signature sig = signature_of(Collective::BROADCAST, buf, flat_shape(buf), name);
   sig.root = root;
   return submit_custom(sig, "broadcast " + name, std::move(keepalive), [this, buf, root] {
-    if (topo_.size > 1 && buf.count) comm::broadcast(buf, root, topo_.world);
+    if (topo_.size == 1 || buf.count == 0) return;
+    if (buf.device == Device::CPU || cuda_aware_) return comm::broadcast(buf, root, topo_.world);
+    MemoryMover& mover = mover_for(buf);  // device memory through one host copy
+    std::vector<char> host(buf.bytes());
+    mover.to_host_async(host.data(), buf.data, buf.bytes(), 0);
+    mover.wait_lane(0);
+    Buffer h = buf;
+    h.data = host.data();
+    h.device = Device::CPU;
+    comm::broadcast(h, root, topo_.world);
+    mover.to_device_async(buf.data, host.data(), buf.bytes(), 0);
+    mover.wait_lane(0);
   }, blocking);
 }
 
@@ -333,7 +380,24 @@ WorkPtr Engine::allgather(const Buffer& send, size_t rows, std::vector<int64_t> 
   for (int64_t d : row_shape) row_elems *= static_cast<size_t>(d);
   const size_t row_bytes = row_elems * kernels::dtype_size(send.dtype);
   return submit_custom(sig, "allgather " + name, std::move(keepalive), [this, send, rows, row_bytes, allocate] {
-    allgatherv(send.data, rows, row_bytes, topo_.world, allocate);
+    if (send.device == Device::CPU || cuda_aware_) {
+      allgatherv(send.data, rows, row_bytes, topo_.world, allocate);
+      return;
+    }
+    MemoryMover& mover = mover_for(send);  // device memory through host copies
+    std::vector<char> mine(rows * row_bytes), all;
+    mover.to_host_async(mine.data(), send.data, mine.size(), 0);
+    mover.wait_lane(0);
+    void* device_out = nullptr;
+    allgatherv(mine.data(), rows, row_bytes, topo_.world, [&](size_t total_rows) -> void* {
+      device_out = allocate(total_rows);
+      all.resize(total_rows * row_bytes);
+      return all.data();
+    });
+    if (!all.empty()) {
+      mover.to_device_async(device_out, all.data(), all.size(), 0);
+      mover.wait_lane(0);
+    }
   }, false);
 }
 

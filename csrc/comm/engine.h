@@ -27,6 +27,8 @@ namespace pycomm {
 namespace comm {
 
 class ShmWindow;
+class MemoryMover;
+struct StagingBuffers;
 
 enum class Algorithm : int32_t { AUTO = 0, RING = 1, MPI = 2, SHM = 3, HIERARCHICAL = 4, HIERARCHICAL_MASTER = 5 };
 const char* algorithm_name(Algorithm a);
@@ -38,6 +40,8 @@ struct EngineOptions {
   size_t fusion_threshold_bytes = size_t(64) << 20;  // 0 disables fusion
   double cycle_time_ms = 2.0;  // how long a fusable allreduce may wait for company
   StallOptions stall;
+  size_t staging_chunk_bytes = size_t(4) << 20;  // device data travels through host chunks of this size
+  bool force_staging = false;  // send host buffers through the staging pipeline too (tests its logic on CPU)
 };
 
 // Completion of one submitted operation. `keepalive` holds whatever the
@@ -109,6 +113,11 @@ class Engine {
   Algorithm resolve(Algorithm requested, size_t bytes) const;
   // Run one allreduce now, on the calling (engine) thread, with no coordination.
   void run_allreduce(const AllreduceArgs& args);
+  // The same, for host memory only.
+  void run_host_allreduce(const AllreduceArgs& args);
+  // The mover for a buffer's memory (CUDA streams, or host lanes for tests).
+  MemoryMover& mover_for(const Buffer& buf);
+  bool cuda_aware() const { return cuda_aware_; }
   ShmWindow& shm();
 
  private:
@@ -135,6 +144,11 @@ class Engine {
   Coordinator coordinator_;
   std::unique_ptr<ShmWindow> shm_;
   std::vector<char> fusion_buffer_;
+  bool cuda_aware_ = false;
+  std::unique_ptr<MemoryMover> host_mover_;
+  std::vector<std::unique_ptr<MemoryMover>> cuda_movers_;  // by device index
+  std::unique_ptr<StagingBuffers> staging_;
+  void run_staged_allreduce(const AllreduceArgs& args);
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
