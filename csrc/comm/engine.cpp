@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "../kernels/fusion.h"
 #include "../kernels/reduce.h"
 #include "algorithms.h"
 #include "mpi_types.h"
@@ -284,27 +285,32 @@ void Engine::run_host_allreduce(const AllreduceArgs& a) {
 
 void Engine::run_fused(const std::vector<Op*>& ops) {
   const AllreduceArgs& head = ops.front()->allreduce;
-  const size_t esize = kernels::dtype_size(head.input.dtype);
+  const DType dtype = head.input.dtype;
+  std::vector<const void*> srcs;
+  std::vector<void*> dsts;
+  std::vector<size_t> counts;
   size_t total = 0;
-  for (const Op* op : ops) total += op->allreduce.input.count;
-  if (fusion_buffer_.size() < total * esize) fusion_buffer_.resize(total * esize);
-  // Pack in batch order (the same on every rank), reduce once, unpack.
-  size_t offset = 0;
   for (const Op* op : ops) {
-    const Buffer& in = op->allreduce.input;
-    std::memcpy(fusion_buffer_.data() + offset, in.data, in.bytes());
-    offset += in.bytes();
+    srcs.push_back(op->allreduce.input.data);
+    dsts.push_back(op->allreduce.output.data);
+    counts.push_back(op->allreduce.input.count);
+    total += op->allreduce.input.count;
   }
+  const size_t bytes = total * kernels::dtype_size(dtype);
+  if (fusion_buffer_.size() < bytes) fusion_buffer_.resize(bytes);
+  // One pack in batch order (the same on every rank), one allreduce, one
+  // unpack with the average's 1/N fused in (fp16/bf16 are pre-divided instead).
+  kernels::fusion_pack_cpu(srcs.data(), counts.data(), counts.size(), fusion_buffer_.data(), dtype);
   AllreduceArgs fused = head;
   fused.input.data = fused.output.data = fusion_buffer_.data();
   fused.input.count = fused.output.count = total;
-  run_allreduce(fused);
-  offset = 0;
-  for (const Op* op : ops) {
-    const Buffer& out = op->allreduce.output;
-    std::memcpy(out.data, fusion_buffer_.data() + offset, out.bytes());
-    offset += out.bytes();
+  double unpack_scale = 1.0;
+  if (head.average && dtype != DType::F16 && dtype != DType::BF16) {
+    fused.average = false;
+    unpack_scale = 1.0 / static_cast<double>(topo_.size);
   }
+  run_allreduce(fused);
+  kernels::fusion_unpack_cpu(fusion_buffer_.data(), dsts.data(), counts.data(), counts.size(), dtype, unpack_scale);
 }
 
 // ---------------------------------------------------------------- public operations
