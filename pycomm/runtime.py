@@ -133,6 +133,11 @@ def init(ranks_per_node: Optional[int] = None) -> Topology:
         options_from_env(),
     )
     _state.world, _state.local, _state.cross, _state.control, _state.topology = world, local, cross, control, topo
+    from .tune import load_table
+
+    table = load_table(topo)  # measured crossovers for algorithm="auto", if pycomm-tune stored some
+    if table:
+        _C.set_options({"auto_table": table})
     atexit.register(shutdown)
     return topo
 
@@ -255,11 +260,13 @@ def set_options(**options) -> None:
     """
     topology()
     for name, value in options.items():
+        if name == "auto_table":
+            continue
         if name not in OPTIONS:
             raise ValueError(f"unknown option {name!r}; known: {', '.join(OPTIONS)}")
         if OPTIONS[name][1] is not bool and value < 0:
             raise ValueError(f"option {name} must not be negative, got {value}")
-    _C.set_options({k: OPTIONS[k][1](v) for k, v in options.items()})
+    _C.set_options({k: (v if k == "auto_table" else OPTIONS[k][1](v)) for k, v in options.items()})
 
 
 def get_options() -> dict:

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <memory>
 #include <mutex>
 
@@ -46,6 +47,15 @@ comm::EngineOptions options_from(const py::dict& d, comm::EngineOptions o) {
   if (d.contains("stall_abort_s")) o.stall.abort_s = d["stall_abort_s"].cast<double>();
   if (d.contains("staging_chunk_bytes")) o.staging_chunk_bytes = d["staging_chunk_bytes"].cast<size_t>();
   if (d.contains("force_staging")) o.force_staging = d["force_staging"].cast<bool>();
+  if (d.contains("auto_table")) {
+    o.auto_table.clear();
+    for (auto item : d["auto_table"].cast<py::list>()) {
+      auto pair = item.cast<py::tuple>();
+      o.auto_table.emplace_back(pair[0].cast<size_t>(), parse_algorithm(pair[1].cast<std::string>()));
+    }
+    std::sort(o.auto_table.begin(), o.auto_table.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+  }
   return o;
 }
 
@@ -60,6 +70,9 @@ py::dict options_to(const comm::EngineOptions& o) {
   d["stall_abort_s"] = o.stall.abort_s;
   d["staging_chunk_bytes"] = o.staging_chunk_bytes;
   d["force_staging"] = o.force_staging;
+  py::list table;
+  for (const auto& e : o.auto_table) table.append(py::make_tuple(e.first, comm::algorithm_name(e.second)));
+  d["auto_table"] = table;
   return d;
 }
 

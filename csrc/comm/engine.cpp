@@ -211,6 +211,8 @@ size_t Engine::execute(std::vector<Op*>& batch) {
 
 Algorithm Engine::resolve(Algorithm requested, size_t bytes) const {
   if (requested != Algorithm::AUTO) return requested;
+  for (const auto& entry : active_.auto_table)
+    if (bytes <= entry.first) return entry.second;
   if (bytes < active_.auto_ring_min_bytes) return Algorithm::MPI;
   if (topo_.num_nodes > 1 && homogeneous_ && topo_.local_size > 1) return Algorithm::HIERARCHICAL;
   if (topo_.num_nodes == 1 && topo_.size > 1) return Algorithm::SHM;

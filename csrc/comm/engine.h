@@ -42,6 +42,9 @@ struct EngineOptions {
   StallOptions stall;
   size_t staging_chunk_bytes = size_t(4) << 20;  // device data travels through host chunks of this size
   bool force_staging = false;  // send host buffers through the staging pipeline too (tests its logic on CPU)
+  // Measured choices for "auto" (pycomm-tune): messages up to .first bytes use
+  // .second; sorted by size. Empty: the built-in rule in Engine::resolve.
+  std::vector<std::pair<size_t, Algorithm>> auto_table;
 };
 
 // Completion of one submitted operation. `keepalive` holds whatever the
