@@ -236,7 +236,7 @@ void register_comm(py::module_& m) {
     return d;
   });
   m.def("resolve_algorithm", [](const std::string& algorithm, size_t bytes) {
-    return std::string(comm::algorithm_name(engine().resolve(parse_algorithm(algorithm), bytes)));
+    return std::string(comm::algorithm_name(engine().resolve(parse_algorithm(algorithm), bytes, engine().options())));
   }, "The algorithm that `algorithm` (e.g. 'auto') means for a message of `bytes` on this topology.");
 
   m.def("allreduce_async", &allreduce_async, py::arg("input"), py::arg("output"), py::arg("op"), py::arg("average"),

@@ -209,11 +209,11 @@ size_t Engine::execute(std::vector<Op*>& batch) {
 
 // ---------------------------------------------------------------- allreduce
 
-Algorithm Engine::resolve(Algorithm requested, size_t bytes) const {
+Algorithm Engine::resolve(Algorithm requested, size_t bytes, const EngineOptions& o) const {
   if (requested != Algorithm::AUTO) return requested;
-  for (const auto& entry : active_.auto_table)
+  for (const auto& entry : o.auto_table)
     if (bytes <= entry.first) return entry.second;
-  if (bytes < active_.auto_ring_min_bytes) return Algorithm::MPI;
+  if (bytes < o.auto_ring_min_bytes) return Algorithm::MPI;
   if (topo_.num_nodes > 1 && homogeneous_ && topo_.local_size > 1) return Algorithm::HIERARCHICAL;
   if (topo_.num_nodes == 1 && topo_.size > 1) return Algorithm::SHM;
   return Algorithm::RING;
@@ -253,7 +253,7 @@ void Engine::run_host_allreduce(const AllreduceArgs& a) {
   if (out.data != a.input.data && a.input.count) std::memcpy(out.data, a.input.data, a.input.bytes());
   if (out.count == 0 || topo_.size == 1) return;
 
-  const Algorithm algo = resolve(a.algorithm, out.bytes());
+  const Algorithm algo = resolve(a.algorithm, out.bytes(), active_);
   // Check what the topology allows before any data moves (same verdict on every rank).
   if (algo == Algorithm::SHM && topo_.num_nodes > 1)
     throw CommError("allreduce algorithm 'shm' reduces within one node, but this job spans " +

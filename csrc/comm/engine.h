@@ -112,8 +112,8 @@ class Engine {
   WorkPtr submit_custom(const Signature& sig, std::string description, std::shared_ptr<void> keepalive,
                         std::function<void()> fn, bool blocking);
 
-  // The algorithm "auto" picks for `bytes` on this topology.
-  Algorithm resolve(Algorithm requested, size_t bytes) const;
+  // The algorithm `requested` ("auto" or a name) means for `bytes` on this topology under `o`.
+  Algorithm resolve(Algorithm requested, size_t bytes, const EngineOptions& o) const;
   // Run one allreduce now, on the calling (engine) thread, with no coordination.
   void run_allreduce(const AllreduceArgs& args);
   // The same, for host memory only.
