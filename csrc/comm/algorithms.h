@@ -37,6 +37,24 @@ namespace comm {
 
 class ShmWindow;
 
+// Tensors fused into one allreduce (same dtype), packed back to back in order.
+struct FusedTensors {
+  std::vector<const void*> srcs;
+  std::vector<void*> dsts;
+  std::vector<size_t> counts;
+  DType dtype = DType::F32;
+  int world_size = 1;
+};
+
+// Fused allreduce whose fusion buffer is this rank's shared-memory segment:
+// packing is the copy-in and unpacking the copy-out, so fusing costs no extra
+// pass over memory. With `cross` (one node's shard ring across nodes) it is
+// the hierarchical allreduce; with MPI_COMM_NULL the one-node shm allreduce.
+// `pre_divide` scales by 1/N before reducing (fp16/bf16 averages);
+// `unpack_scale` is applied on the way out (1/N for other averages).
+void windowed_fused_allreduce(const FusedTensors& tensors, ReduceOp op, bool pre_divide, double unpack_scale,
+                              ShmWindow& shm, MPI_Comm cross, size_t chunk_bytes);
+
 // Intra-node allreduce through a shared-memory window. Per rank, with L ranks
 // on the node and S bytes: copy-in (read S, write S), reduce its 1/L slice
 // straight from the L segments (read 2(L-1)/L S, write (L-1)/L S), copy the

@@ -299,6 +299,22 @@ void Engine::run_fused(const std::vector<Op*>& ops) {
     total += op->allreduce.input.count;
   }
   const size_t bytes = total * kernels::dtype_size(dtype);
+  const bool half = dtype == DType::F16 || dtype == DType::BF16;
+  const Algorithm algo = resolve(head.algorithm, bytes, active_);
+  const bool one_node_shm = algo == Algorithm::SHM && topo_.num_nodes == 1;
+  const bool hier = algo == Algorithm::HIERARCHICAL && homogeneous_;
+  if (!active_.force_staging && topo_.size > 1 && topo_.local_size > 1 && (one_node_shm || hier)) {
+    FusedTensors t;
+    t.srcs = srcs;
+    t.dsts = dsts;
+    t.counts = counts;
+    t.dtype = dtype;
+    t.world_size = topo_.size;
+    const double scale = head.average && !half ? 1.0 / static_cast<double>(topo_.size) : 1.0;
+    windowed_fused_allreduce(t, head.op, head.average && half, scale, shm(), hier ? topo_.cross : MPI_COMM_NULL,
+                             active_.ring_chunk_bytes);
+    return;
+  }
   if (fusion_buffer_.size() < bytes) fusion_buffer_.resize(bytes);
   // One pack in batch order (the same on every rank), one allreduce, one
   // unpack with the average's 1/N fused in (fp16/bf16 are pre-divided instead).
@@ -307,7 +323,7 @@ void Engine::run_fused(const std::vector<Op*>& ops) {
   fused.input.data = fused.output.data = fusion_buffer_.data();
   fused.input.count = fused.output.count = total;
   double unpack_scale = 1.0;
-  if (head.average && dtype != DType::F16 && dtype != DType::BF16) {
+  if (head.average && !half) {
     fused.average = false;
     unpack_scale = 1.0 / static_cast<double>(topo_.size);
   }

@@ -82,3 +82,23 @@ def test_auto_picks_by_size_and_topology():
     else:
         assert big == "ring"
     assert pycomm.resolve_algorithm("ring", 100) == "ring"
+
+
+@pytest.mark.parametrize("algorithm", HIER + ["shm", "ring"])
+@pytest.mark.parametrize("op,dtype", [("sum", torch.float32), ("avg", torch.float64), ("avg", torch.bfloat16),
+                                      ("max", torch.int32)])
+def test_fused_batches_in_the_window(algorithm, op, dtype):
+    """Fused allreduces pack straight into the shared window and unpack from the owners' segments."""
+    topo = pycomm.topology()
+    if (algorithm == "shm" and topo.num_nodes > 1) or (algorithm in HIER and not topo.homogeneous):
+        pytest.skip("not available on this topology")
+    counts = [5, 0, 1, 33, 1001, 3, 20_011, 7]
+    xs = [rank_data(topo.rank, n, dtype, seed=80 + i) for i, n in enumerate(counts)]
+    outs = [torch.full_like(x, -7) for x in xs]
+    before = pycomm.stats()["fused_tensors"]
+    hs = [pycomm.allreduce_async(x, op=op, algorithm=algorithm, out=o, name=f"w{i}")
+          for i, (x, o) in enumerate(zip(xs, outs))]
+    for i, h in enumerate(hs):
+        assert_close(h.wait(), op, topo.size, dtype, seed=80 + i, what=f"fused {algorithm} {op} {dtype} w{i}")
+    if topo.size > 1:
+        assert pycomm.stats()["fused_tensors"] > before
