@@ -9,6 +9,7 @@ Launch with ``pycomm-run -np 4 python train.py`` (a thin wrapper over mpirun).
 import torch  # noqa: F401  (loads libtorch before the native core)
 
 from . import _C
+from . import kernels
 from .collectives import (
     Handle,
     allgather,

@@ -30,13 +30,20 @@ inline uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// fp16 -> fp32, exact for every input (subnormals, inf, NaN payloads). Branch
+// free, so loops over it vectorize with any ISA.
+inline float half_to_float(uint16_t h) {
+  uint32_t o = static_cast<uint32_t>(h & 0x7fffu) << 13;  // exponent and mantissa in place
+  uint32_t e = o & 0x0f800000u;
+  uint32_t normal = o + (112u << 23);                        // rebias 15 -> 127
+  uint32_t infnan = o + (224u << 23);
+  uint32_t sub = float_to_bits(bits_to_float(o + (113u << 23)) - bits_to_float(113u << 23));
+  uint32_t r = e == 0x0f800000u ? infnan : (e == 0 ? sub : normal);
+  return bits_to_float(r | (static_cast<uint32_t>(h & 0x8000u) << 16));
+}
+
 #if defined(__FLT16_MAX__)
 #define PYCOMM_HAVE_FLOAT16 1
-inline float half_to_float(uint16_t h) {
-  _Float16 x;
-  std::memcpy(&x, &h, sizeof x);
-  return static_cast<float>(x);
-}
 inline uint16_t float_to_half(float f) {
   _Float16 x = static_cast<_Float16>(f);
   uint16_t h;
@@ -45,18 +52,6 @@ inline uint16_t float_to_half(float f) {
 }
 #else
 // IEEE binary16 by bit manipulation (no _Float16 in this compiler).
-inline float half_to_float(uint16_t h) {
-  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t man = h & 0x3ffu;
-  if (exp == 0x1f) return bits_to_float(sign | 0x7f800000u | (man << 13));
-  if (exp == 0) {
-    if (man == 0) return bits_to_float(sign);
-    float v = static_cast<float>(man) * (1.0f / 16777216.0f);  // man * 2^-24
-    return sign ? -v : v;
-  }
-  return bits_to_float(sign | ((exp + 112u) << 23) | (man << 13));
-}
 inline uint16_t float_to_half(float f) {
   uint32_t u = float_to_bits(f);
   uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);

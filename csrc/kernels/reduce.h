@@ -4,6 +4,7 @@
 #include <cstddef>
 
 #include "dtype.h"
+#include "stream.h"
 
 namespace pycomm {
 namespace kernels {
@@ -12,6 +13,10 @@ void reduce_cpu(void* dst, const void* src, size_t count, DType dtype, ReduceOp 
 
 // dst[i] *= factor (floating types only); used for op="avg" after a sum.
 void scale_cpu(void* dst, size_t count, DType dtype, double factor);
+
+// The same on the GPU (device pointers, run on `stream`, no sync).
+void reduce_cuda(void* dst, const void* src, size_t count, DType dtype, ReduceOp op, Stream stream);
+void scale_cuda(void* dst, size_t count, DType dtype, double factor, Stream stream);
 
 }  // namespace kernels
 }  // namespace pycomm
