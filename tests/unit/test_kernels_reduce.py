@@ -1,0 +1,76 @@
+"""dst = dst op src (the ring allreduce's kernel) against numpy float64 / float32."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import pycomm
+from pycomm import kernels as K
+
+NO_CUDA = "no CUDA device: torch.cuda.is_available() is False" if not torch.cuda.is_available() else (
+    "pycomm was built without CUDA" if not pycomm.cuda_built else None)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(NO_CUDA is not None, reason=str(NO_CUDA)))]
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
+SIZES = [0, 1, 7, 8, 9, 31, 33, 1000, 4099, (1 << 19) + 3]
+
+
+def data(n, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return (torch.randn(n, generator=g, dtype=torch.float64) * 10).to(dtype)
+    return torch.randint(-2 ** 20, 2 ** 20, (n,), generator=g, dtype=torch.int64).to(dtype)
+
+
+def reference(a, b, op):
+    """numpy: float32 for fp16/bf16 (combined in fp32, rounded once), native otherwise."""
+    fn = {"sum": np.add, "min": np.minimum, "max": np.maximum}[op]
+    if a.dtype in (torch.float16, torch.bfloat16):
+        return torch.from_numpy(fn(a.float().numpy(), b.float().numpy())).to(a.dtype)
+    return torch.from_numpy(fn(a.numpy(), b.numpy()))
+
+
+def same(a, b):
+    if a.dtype.is_floating_point:
+        return torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a[~torch.isnan(a)], b[~torch.isnan(b)])
+    return torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", ["sum", "min", "max"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("n", SIZES)
+def test_reduce(device, dtype, op, n):
+    a, b = data(n, dtype, n), data(n, dtype, n + 1)
+    if dtype.is_floating_point and n > 3:
+        a[1], b[2] = float("nan"), float("nan")
+    buf = torch.full((n + 9,), 42, dtype=dtype)
+    buf[:n] = a
+    buf = buf.to(device)
+    K.reduce_(buf[:n], b.to(device), op)
+    assert same(buf[:n].cpu(), reference(a, b, op))
+    assert (buf[n:].cpu() == 42).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES[:4], ids=lambda d: str(d).replace("torch.", ""))
+def test_scale(device, dtype):
+    a = data(5000, dtype, 1)
+    t = a.clone().to(device)
+    K.scale_(t, 0.25)
+    if dtype in (torch.float16, torch.bfloat16):
+        want = (a.float() * 0.25).to(dtype)
+    else:
+        want = a * 0.25
+    assert torch.equal(t.cpu(), want)
+    with pytest.raises((TypeError, ValueError), match="integer tensors cannot be scaled"):
+        K.scale_(torch.ones(3, dtype=torch.int32, device=device), 0.5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(0, 100000), dtype=st.sampled_from(DTYPES), op=st.sampled_from(["sum", "min", "max"]),
+       seed=st.integers(0, 2 ** 31))
+def test_reduce_property(n, dtype, op, seed):
+    a, b = data(n, dtype, seed), data(n, dtype, seed + 1)
+    d = a.clone()
+    K.reduce_(d, b, op)
+    assert same(d, reference(a, b, op))
