@@ -21,6 +21,13 @@ from .collectives import (
     broadcast,
     broadcast_async,
 )
+from .optimizer import (
+    SUPPORTED_COMPRESSION,
+    DistributedOptimizer,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
 from .runtime import (
     CommError,
     Topology,
@@ -41,11 +48,14 @@ from .runtime import (
     world_comm,
 )
 
+from . import algorithms  # noqa: E402  (after the collectives it uses)
+
 __version__ = "0.1.0"
 cuda_built = bool(_C.cuda_built)
 
 __all__ = [
-    "CommError", "Handle", "Topology", "allgather", "allgather_async", "allreduce", "allreduce_async",
+    "CommError", "DistributedOptimizer", "Handle", "SUPPORTED_COMPRESSION", "algorithms", "broadcast_object",
+    "broadcast_optimizer_state", "broadcast_parameters", "Topology", "allgather", "allgather_async", "allreduce", "allreduce_async",
     "barrier", "broadcast", "broadcast_async", "cross_comm", "cuda_built", "get_options", "init",
     "is_initialized", "local_comm", "local_rank", "local_size", "node_rank", "num_nodes", "rank",
     "set_options", "shutdown", "size", "topology", "world_comm",

@@ -1,0 +1,21 @@
+"""Synchronous training algorithms behind one registry (ALGORITHMS.md §4).
+
+    algo = pycomm.algorithms.create("bmuf", model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                    sync_period=8, nesterov=True)
+    for x, y in data:
+        algo.zero_grad(); loss_fn(model(x), y).backward(); algo.step()
+    algo.finalize()
+
+ssgd, model_averaging, bmuf (CBM/NBM, BMUF-Adam via moment_sync), easgd, admm.
+"""
+from .admm import ADMM, ADMMConfig
+from .base import Algorithm
+from .bmuf import BMUF, BMUFConfig, MOMENT_SYNC
+from .easgd import EASGD, EASGDConfig
+from .model_averaging import ModelAveraging, ModelAveragingConfig
+from .registry import ALGORITHMS, config_fields, create, get, make_config, names
+from .ssgd import SSGD, SSGDConfig
+
+__all__ = ["ADMM", "ADMMConfig", "ALGORITHMS", "Algorithm", "BMUF", "BMUFConfig", "EASGD", "EASGDConfig",
+           "MOMENT_SYNC", "ModelAveraging", "ModelAveragingConfig", "SSGD", "SSGDConfig", "config_fields",
+           "create", "get", "make_config", "names"]

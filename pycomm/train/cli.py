@@ -1,0 +1,150 @@
+"""Command-line options of pycomm-train.
+
+The algorithm options are generated from the config dataclasses of
+pycomm.algorithms (``sync_period`` -> ``--sync-period``; booleans get a
+``--no-`` form). An option given on the command line that is not a field of
+the chosen algorithm's config is an error naming the options that apply.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import typing
+from typing import Dict, List, Optional, Sequence
+
+from .. import algorithms
+from ..algorithms.bmuf import MOMENT_SYNC
+from .models import MODELS
+from .optimizers import OPTIMIZERS
+
+
+class UsageError(ValueError):
+    """Bad command line or input; reported as ``pycomm-train: error: ...`` with exit status 2."""
+
+
+def launcher_rank() -> int:
+    """This process's rank as the MPI launcher tells it, before MPI is initialized."""
+    for key in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 0
+
+
+def _field_types(cls) -> Dict[str, type]:
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        t = hints[f.name]
+        args = typing.get_args(t)
+        if args and type(None) in args:  # Optional[X]
+            t = next(a for a in args if a is not type(None))
+        out[f.name] = t
+    return out
+
+
+def algorithm_options() -> Dict[str, dict]:
+    """field name -> {type, algorithms having it, help}."""
+    opts: Dict[str, dict] = {}
+    for name, cls in algorithms.ALGORITHMS.items():
+        for field, t in _field_types(cls.Config).items():
+            entry = opts.setdefault(field, {"type": t, "algorithms": []})
+            entry["algorithms"].append(name)
+    return opts
+
+
+def flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one rank speaks; every rank exits
+        if launcher_rank() == 0:
+            self.print_usage(sys.stderr)
+            sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="pycomm-train",
+        description="Data-parallel training with pycomm's synchronous algorithms. Launch under pycomm-run, e.g. "
+                    "`pycomm-run -np 4 pycomm-train --algorithm ssgd --dataset digits --model mlp --epochs 5`.",
+    )
+    g = p.add_argument_group("training")
+    g.add_argument("--algorithm", default="ssgd", help=f"one of {', '.join(algorithms.names())} (default ssgd)")
+    g.add_argument("--optimizer", default="sgd", help=f"local optimizer, one of {', '.join(OPTIMIZERS)} (default sgd)")
+    g.add_argument("--lr", type=float, default=None, help="learning rate (default per optimizer: sgd 0.05, "
+                                                          "adam/radam/rmsprop 0.001, adagrad 0.05, adadelta 1.0)")
+    g.add_argument("--momentum", type=float, default=None, help="sgd/rmsprop momentum (default sgd 0.9, rmsprop 0)")
+    g.add_argument("--sgd-nesterov", action="store_true", help="Nesterov momentum in the local SGD")
+    g.add_argument("--weight-decay", type=float, default=0.0)
+    g.add_argument("--batch-size", type=int, default=16, help="minibatch per rank (default 16)")
+    g.add_argument("--epochs", type=int, default=5)
+    g.add_argument("--seed", type=int, default=0, help="model init and data order (default 0)")
+    g.add_argument("--dataset", default="digits", help="digits | synthetic | npz:PATH (default digits)")
+    g.add_argument("--model", default="mlp", help=f"one of {', '.join(MODELS)} (default mlp)")
+
+    a = p.add_argument_group("algorithm options (each belongs to the algorithms named)")
+    for field, info in algorithm_options().items():
+        t = info["type"]
+        who = ", ".join(info["algorithms"])
+        if t is bool:
+            a.add_argument(flag(field), dest=field, action=argparse.BooleanOptionalAction,
+                           default=argparse.SUPPRESS, help=f"({who})")
+        else:
+            kw = {"choices": list(MOMENT_SYNC)} if field == "moment_sync" else {}
+            a.add_argument(flag(field), dest=field, type=t, default=argparse.SUPPRESS, help=f"({who})", **kw)
+
+    o = p.add_argument_group("output and state")
+    o.add_argument("--checkpoint-dir", default=None, help="save checkpoints here (every epoch, and every "
+                                                          "--checkpoint-every steps)")
+    o.add_argument("--checkpoint-every", type=int, default=0, help="also checkpoint every N steps (0: per epoch only)")
+    o.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    o.add_argument("--metrics-json", default=None, help="rank 0 writes per-epoch metrics and the summary here")
+    o.add_argument("--bandwidth-table", action=argparse.BooleanOptionalAction, default=True,
+                   help="end with a short allreduce bandwidth table (default on)")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument("--crash-at-step", type=int, default=None,
+                   help="testing aid: every rank exits abruptly (status 75, no cleanup) after this global step, "
+                        "as if the job had been killed")
+    return p
+
+
+def algorithm_config(args: argparse.Namespace) -> dict:
+    """The algorithm options given on the command line; UsageError for ones the algorithm lacks."""
+    name = args.algorithm
+    if name not in algorithms.ALGORITHMS:
+        raise UsageError(f"unknown algorithm {name!r}; choose one of {', '.join(algorithms.names())}")
+    fields = set(algorithms.config_fields(name))
+    given = {f: getattr(args, f) for f in algorithm_options() if hasattr(args, f)}
+    foreign = sorted(f for f in given if f not in fields)
+    if foreign:
+        own = ", ".join(flag(f) for f in algorithms.config_fields(name)) or "(none)"
+        raise UsageError(f"{', '.join(flag(f) for f in foreign)} does not apply to --algorithm {name}; "
+                         f"its options are: {own}")
+    return given
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.optimizer not in OPTIMIZERS:
+        p.error(f"unknown optimizer {args.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+    if args.model not in MODELS:
+        p.error(f"unknown model {args.model!r}; choose one of {', '.join(MODELS)}")
+    if args.epochs < 1:
+        p.error(f"--epochs must be at least 1, got {args.epochs}")
+    if args.batch_size < 1:
+        p.error(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.resume and not args.checkpoint_dir:
+        p.error("--resume needs --checkpoint-dir")
+    if args.checkpoint_every < 0:
+        p.error("--checkpoint-every must be >= 0")
+    try:
+        args.algorithm_config = algorithm_config(args)
+        algorithms.make_config(args.algorithm, **args.algorithm_config)  # value checks
+    except (UsageError, ValueError, TypeError) as e:
+        p.error(str(e))
+    return args

@@ -1,0 +1,152 @@
+"""Datasets for pycomm-train and their per-rank shards.
+
+``digits``: scikit-learn's bundled 8x8 handwritten digits (1797 images, 10
+classes, no download), pixels scaled to [0, 1], split 80/20 stratified with
+a fixed seed. ``synthetic``: a deterministic 10-class Gaussian-mixture task
+of 8x8 "images". ``npz:PATH``: arrays ``x_train, y_train, x_test, y_test``
+(features (N, D), (N, H, W) or (N, C, H, W); integer labels 0..C-1).
+
+Sharding: each epoch draws one permutation of the training set from
+(seed, epoch), drops the last ``n mod N`` samples so that every rank gets
+the same number, and gives rank k the k-th contiguous slice. Every rank
+computes the same permutation; no communication is needed.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Tuple
+
+import numpy as np
+import torch
+
+
+class DataError(ValueError):
+    """Bad dataset specification or file."""
+
+
+@dataclass
+class Dataset:
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+
+    @property
+    def input_shape(self) -> Tuple[int, ...]:
+        return tuple(self.x_train.shape[1:])
+
+
+def _digits() -> Dataset:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_digits()
+    x = (d.images / 16.0).astype(np.float32)[:, None, :, :]
+    y = d.target.astype(np.int64)
+    xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
+    return Dataset("digits", torch.from_numpy(xtr), torch.from_numpy(ytr), torch.from_numpy(xte),
+                   torch.from_numpy(yte), 10)
+
+
+def _synthetic(n_train: int = 4096, n_test: int = 1024, classes: int = 10) -> Dataset:
+    rng = np.random.default_rng(12345)
+    protos = rng.normal(0.0, 1.0, size=(classes, 1, 8, 8)).astype(np.float32)
+
+    def draw(n):
+        y = rng.integers(0, classes, size=n)
+        x = protos[y] + rng.normal(0.0, 1.5, size=(n, 1, 8, 8)).astype(np.float32)
+        return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y.astype(np.int64))
+
+    xtr, ytr = draw(n_train)
+    xte, yte = draw(n_test)
+    return Dataset("synthetic", xtr, ytr, xte, yte, classes)
+
+
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def _npz(path: str) -> Dataset:
+    if not path:
+        raise DataError("--dataset npz:PATH needs a path, e.g. npz:data/mnist.npz")
+    if not os.path.isfile(path):
+        raise DataError(f"npz file {path!r} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            keys = list(f.keys())
+            missing = [k for k in NPZ_KEYS if k not in keys]
+            if missing:
+                raise DataError(f"npz file {path!r} lacks array(s) {', '.join(missing)}; it has {keys or 'none'}; "
+                                f"expected {', '.join(NPZ_KEYS)}")
+            arrays = {k: f[k] for k in NPZ_KEYS}
+    except DataError:
+        raise
+    except Exception as e:  # zipfile.BadZipFile, ValueError (pickled object arrays), OSError
+        raise DataError(f"cannot read npz file {path!r}: {type(e).__name__}: {e}") from None
+    for split in ("train", "test"):
+        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        if x.dtype.kind not in "fiub":
+            raise DataError(f"{path}: x_{split} has dtype {x.dtype}; expected numbers")
+        if y.dtype.kind not in "iu":
+            raise DataError(f"{path}: y_{split} has dtype {y.dtype}; expected integer class labels")
+        if x.ndim not in (2, 3, 4):
+            raise DataError(f"{path}: x_{split} has shape {x.shape}; expected (N, D), (N, H, W) or (N, C, H, W)")
+        if y.ndim != 1 or y.shape[0] != x.shape[0]:
+            raise DataError(f"{path}: y_{split} has shape {y.shape}, x_{split} has {x.shape}; "
+                            f"expected y of shape ({x.shape[0]},)")
+        if x.shape[0] == 0:
+            raise DataError(f"{path}: x_{split} is empty")
+        if y.min() < 0:
+            raise DataError(f"{path}: y_{split} has negative labels; expected 0..C-1")
+        if x.dtype.kind == "f" and not np.isfinite(x).all():
+            raise DataError(f"{path}: x_{split} contains NaN or inf")
+    if arrays["x_train"].shape[1:] != arrays["x_test"].shape[1:]:
+        raise DataError(f"{path}: x_train samples have shape {arrays['x_train'].shape[1:]}, "
+                        f"x_test samples {arrays['x_test'].shape[1:]}")
+    xtr, xte = arrays["x_train"], arrays["x_test"]
+    if xtr.ndim == 3:
+        xtr, xte = xtr[:, None], xte[:, None]
+    classes = int(max(arrays["y_train"].max(), arrays["y_test"].max())) + 1
+    return Dataset(f"npz:{path}", torch.from_numpy(np.ascontiguousarray(xtr, dtype=np.float32)),
+                   torch.from_numpy(arrays["y_train"].astype(np.int64)),
+                   torch.from_numpy(np.ascontiguousarray(xte, dtype=np.float32)),
+                   torch.from_numpy(arrays["y_test"].astype(np.int64)), classes)
+
+
+def load_dataset(spec: str) -> Dataset:
+    """digits | synthetic | npz:PATH."""
+    if spec == "digits":
+        return _digits()
+    if spec == "synthetic":
+        return _synthetic()
+    if spec.startswith("npz:"):
+        return _npz(spec[4:])
+    raise DataError(f"unknown dataset {spec!r}; choose digits, synthetic or npz:PATH")
+
+
+def shard_size(n_train: int, world_size: int) -> int:
+    return n_train // world_size
+
+
+def epoch_shard(n_train: int, world_size: int, rank: int, seed: int, epoch: int) -> np.ndarray:
+    """Indices of rank `rank`'s shard in `epoch`: a slice of one (seed, epoch) permutation."""
+    perm = np.random.default_rng([seed, epoch]).permutation(n_train)
+    per = shard_size(n_train, world_size)
+    return perm[rank * per:(rank + 1) * per]
+
+
+def steps_per_epoch(n_train: int, world_size: int, batch_size: int) -> int:
+    """Minibatches per rank per epoch (the last one may be smaller, equally on every rank)."""
+    per = shard_size(n_train, world_size)
+    return (per + batch_size - 1) // batch_size
+
+
+def check_batch(n_train: int, world_size: int, batch_size: int) -> None:
+    if batch_size < 1:
+        raise DataError(f"--batch-size must be at least 1, got {batch_size}")
+    per = shard_size(n_train, world_size)
+    if batch_size > per:
+        raise DataError(f"--batch-size {batch_size} is larger than a rank's shard ({per} samples = "
+                        f"{n_train} training samples / {world_size} ranks); use --batch-size {per} or less")

@@ -1,0 +1,190 @@
+"""The training loop of pycomm-train.
+
+Every rank loads and checks the data itself (same result everywhere, so a
+bad input fails on every rank before training starts), builds the same model
+from the seed, and runs ``algo.zero_grad(); loss.backward(); algo.step()``
+over its shard of each epoch. Rank 0 shows the progress bar, the per-epoch
+lines and the final JSON summary.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import pycomm
+
+from .. import algorithms
+from . import bandwidth, checkpoint
+from .cli import UsageError
+from .data import DataError, Dataset, check_batch, epoch_shard, load_dataset, steps_per_epoch
+from .metrics import accuracy, epoch_line, fingerprint
+from .models import build_model
+from .optimizers import build_optimizer
+
+CRASH_STATUS = 75
+
+# Options that define the training trajectory; a resumed run must match them.
+RESUME_KEYS = ("algorithm", "algorithm_config", "optimizer", "lr", "momentum", "sgd_nesterov", "weight_decay",
+               "batch_size", "seed", "dataset", "model")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _run_identity(args) -> Dict[str, Any]:
+    return {k: getattr(args, k) for k in RESUME_KEYS}
+
+
+def train(args) -> Dict[str, Any]:
+    """Run the training described by parsed `args`; returns the summary (on every rank)."""
+    try:
+        data = load_dataset(args.dataset)
+        probe = build_model(args.model, data.input_shape, data.num_classes)
+    except (DataError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    pycomm.init()
+    rank, world = pycomm.rank(), pycomm.size()
+    try:
+        check_batch(len(data.y_train), world, args.batch_size)
+    except DataError as e:
+        raise UsageError(str(e)) from None
+    del probe
+
+    seed_everything(args.seed)
+    model = build_model(args.model, data.input_shape, data.num_classes)
+    try:
+        local_opt = build_optimizer(args.optimizer, model.parameters(), lr=args.lr, momentum=args.momentum,
+                                    sgd_nesterov=args.sgd_nesterov, weight_decay=args.weight_decay)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    algo = algorithms.create(args.algorithm, model, local_opt, **args.algorithm_config)
+
+    n_train = len(data.y_train)
+    spe = steps_per_epoch(n_train, world, args.batch_size)
+    total_steps = spe * args.epochs
+    state = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "loss_sum": 0.0, "loss_count": 0,
+             "history": [], "elapsed": 0.0}
+    if args.resume:
+        step = checkpoint.latest_step(args.checkpoint_dir)
+        if step is None:
+            raise UsageError(f"--resume: no checkpoint in {args.checkpoint_dir!r} (no 'latest' marker)")
+        ck = checkpoint.load(args.checkpoint_dir, step)
+        mismatch = {k: (ck["run"].get(k), v) for k, v in _run_identity(args).items() if ck["run"].get(k) != v}
+        if mismatch:
+            raise UsageError("--resume: the checkpoint was made with different options: " + "; ".join(
+                f"{k} was {old!r}, now {new!r}" for k, (old, new) in mismatch.items()))
+        algo.load_state_dict(ck["algorithm"])
+        state = ck["loop"]
+        torch.set_rng_state(ck["torch_rng"])
+
+    show = rank == 0
+    bar = None
+    if show and not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total_steps, initial=state["global_step"], desc=f"{args.algorithm} x{world}",
+                   unit="step", file=sys.stderr, dynamic_ncols=True, mininterval=0.2, leave=False)
+
+    def log(line: str) -> None:
+        if not show:
+            return
+        if bar is not None:
+            bar.write(line, file=sys.stdout)
+        else:
+            print(line, flush=True)
+
+    def save_checkpoint() -> None:
+        payload = {"run": _run_identity(args), "algorithm": algo.state_dict(), "loop": dict(state),
+                   "torch_rng": torch.get_rng_state()}
+        payload["loop"]["elapsed"] = state["elapsed"] + (time.perf_counter() - t_start)
+        checkpoint.save(args.checkpoint_dir, state["global_step"], payload)
+
+    if state["global_step"] == 0:
+        log(f"pycomm-train: {args.algorithm} on {world} rank(s), {args.optimizer} local optimizer, "
+            f"{args.model} on {data.name} ({n_train} train / {len(data.y_test)} test samples), "
+            f"batch {args.batch_size} per rank, {spe} steps per epoch")
+    else:
+        log(f"pycomm-train: resumed at epoch {state['epoch'] + 1}, step {state['step_in_epoch']} of {spe} "
+            f"(global step {state['global_step']})")
+
+    t_start = time.perf_counter()
+    model.train()
+    while state["epoch"] < args.epochs:
+        epoch = state["epoch"]
+        idx = torch.from_numpy(epoch_shard(n_train, world, rank, args.seed, epoch))
+        for s in range(state["step_in_epoch"], spe):
+            b = idx[s * args.batch_size:(s + 1) * args.batch_size]
+            x, y = data.x_train[b], data.y_train[b]
+            algo.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            algo.step()
+            state["loss_sum"] += float(loss.detach()) * len(b)
+            state["loss_count"] += len(b)
+            state["step_in_epoch"] = s + 1
+            state["global_step"] += 1
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{float(loss.detach()):.3f}", refresh=False)
+            if args.checkpoint_dir and args.checkpoint_every and state["global_step"] % args.checkpoint_every == 0 \
+                    and state["step_in_epoch"] < spe:
+                save_checkpoint()
+            if args.crash_at_step is not None and state["global_step"] == args.crash_at_step:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(CRASH_STATUS)
+        # End of epoch: mean train loss over all ranks (a metrics allreduce, not a training sync).
+        tot = torch.tensor([state["loss_sum"], float(state["loss_count"])], dtype=torch.float64)
+        pycomm.allreduce(tot, op="sum", algorithm="mpi", name="train.metrics")
+        rec = {"epoch": epoch + 1, "train_loss": float(tot[0] / max(tot[1], 1.0)),
+               "test_accuracy": accuracy(algo.eval_model(), data.x_test, data.y_test) if show else None,
+               "syncs": algo.num_syncs, "bytes_sent": algo.bytes_sent, "steps": algo.steps,
+               "wall_time_s": state["elapsed"] + (time.perf_counter() - t_start)}
+        state["history"].append(rec)
+        if show:
+            log(epoch_line(rec, args.epochs))
+        state["epoch"] += 1
+        state["step_in_epoch"] = 0
+        state["loss_sum"], state["loss_count"] = 0.0, 0
+        if args.checkpoint_dir:
+            save_checkpoint()
+    if bar is not None:
+        bar.close()
+
+    algo.finalize()
+    wall = state["elapsed"] + (time.perf_counter() - t_start)
+    final = algo.eval_model()
+    summary = {
+        "algorithm": args.algorithm, "config": dict(args.algorithm_config), "optimizer": args.optimizer,
+        "model": args.model, "dataset": data.name, "world_size": world, "epochs": args.epochs,
+        "batch_size": args.batch_size, "seed": args.seed, "steps": algo.steps,
+        "final_train_loss": state["history"][-1]["train_loss"] if state["history"] else None,
+        "final_test_accuracy": accuracy(final, data.x_test, data.y_test) if show else None,
+        "syncs": algo.num_syncs, "bytes_sent": algo.bytes_sent, "wall_time_s": round(wall, 3),
+        "model_sha256": fingerprint(final.parameters()),
+    }
+    if args.bandwidth_table:
+        rows = bandwidth.measure()
+        if show:
+            log(bandwidth.format_table(rows, world))
+        summary["allreduce_bandwidth"] = [{k: r[k] for k in ("size", "algorithm", "time_us", "busbw_GBps")}
+                                          for r in rows]
+    if show:
+        if args.metrics_json:
+            d = os.path.dirname(os.path.abspath(args.metrics_json))
+            os.makedirs(d, exist_ok=True)
+            with open(args.metrics_json, "w") as f:
+                json.dump({"epochs": state["history"], "summary": summary}, f, indent=1)
+        print(json.dumps(summary), flush=True)
+    return summary
