@@ -11,6 +11,13 @@ backend. time_us is the median over iterations of the slowest rank's time;
 algbw = S / t; busbw = algbw * 2(N-1)/N (N = all ranks, for flat and
 hierarchical alike); #wrong counts elements that differ from the exact
 expected sum (the data are small integers, so every sum is exact).
+
+--compression fp16|bf16|onebit adds rows for pycomm's compressed allreduce
+(op=avg, float32 input): busbw is the *effective* one, computed on the
+uncompressed float32 size; wire_B is the bytes each rank actually sent
+(other rows: the float32 ring's count) and #wrong counts elements off by
+more than the compression's error (onebit: a 1-bit average is not exact, so
+#wrong is not counted for it).
 """
 from __future__ import annotations
 
@@ -59,6 +66,21 @@ class PycommImpl:
 
     def __call__(self, x):
         pycomm.allreduce(x, algorithm=self.algorithm)
+
+
+class CompressedImpl:
+    """pycomm.allreduce(op="avg", compression=...) of the float32 tensor."""
+
+    def __init__(self, compression: str):
+        self.name = compression
+        self.compression = compression
+        self.wire_bytes = 0
+
+    def __call__(self, x):
+        h = pycomm.allreduce_async(x, op="avg", compression=self.compression,
+                                   name=f"bench{x.numel()}", _blocking=True)
+        h.wait()
+        self.wire_bytes = h.wire_bytes
 
 
 class MpiImpl:
@@ -140,7 +162,12 @@ def time_impl(impl, comm, nbytes, dtype, iters, warmup):
             print(f"# skipping {impl.name}: {e}")
         return None
     expected = float(comm.size * (comm.size + 1) // 2)
-    wrong = int((x != expected).sum())
+    if isinstance(impl, CompressedImpl):
+        expected /= comm.size
+        tol = 0 if impl.compression == "fp16" else 2.0 ** -7 * expected
+        wrong = 0 if impl.compression == "onebit" else int(((x - expected).abs() > tol).sum())
+    else:
+        wrong = int((x != expected).sum())
     times = []
     for i in range(warmup + iters):
         x.copy_(base)
@@ -155,8 +182,10 @@ def time_impl(impl, comm, nbytes, dtype, iters, warmup):
     algbw = nbytes / t / 1e9
     busbw = algbw * 2 * (comm.size - 1) / comm.size
     wrong = comm.allreduce(wrong, op=MPI.SUM)
+    wire = impl.wire_bytes if isinstance(impl, CompressedImpl) else pycomm._C.ring_wire_bytes(
+        count, esize, comm.size, comm.rank)
     return dict(impl=impl.name, size=nbytes, count=count, dtype=str(dtype).replace("torch.", ""),
-                time_us=t * 1e6, algbw=algbw, busbw=busbw, wrong=wrong, ranks=comm.size)
+                time_us=t * 1e6, algbw=algbw, busbw=busbw, wrong=wrong, ranks=comm.size, wire_bytes=wire)
 
 
 def main(argv=None):
@@ -169,6 +198,8 @@ def main(argv=None):
                    help="pycomm algorithms to time (comma list of ring, mpi, shm, hierarchical, "
                         "hierarchical_master, auto)")
     p.add_argument("--baselines", default="mpi4py,gloo", help="baselines to time: mpi4py, gloo (comma list or '')")
+    p.add_argument("--compression", default="", help="also time compressed allreduce: fp16, bf16, onebit "
+                   "(comma list; float32 input, op=avg)")
     p.add_argument("--iters", type=int, default=0, help="timed iterations per row (default: by size)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="a short table: 64 KiB, 1 MiB, 16 MiB")
@@ -189,6 +220,12 @@ def main(argv=None):
     comm = MPI.COMM_WORLD
     dtype = DTYPES[args.dtype]
     impls = [PycommImpl(a) for a in args.algorithms.split(",") if a]
+    for c in filter(None, args.compression.split(",")):
+        if c not in ("fp16", "bf16", "onebit"):
+            p.error(f"unknown compression {c!r}; choose fp16, bf16 or onebit")
+        if args.dtype != "float32":
+            p.error("--compression reduces float32 tensors; leave --dtype float32")
+        impls.append(CompressedImpl(c))
     for b in filter(None, args.baselines.split(",")):
         if b == "mpi4py":
             impls.append(MpiImpl(comm))
@@ -204,7 +241,7 @@ def main(argv=None):
         print(f"# pycomm allreduce benchmark: {comm.size} ranks, {topo.num_nodes} node(s), dtype {args.dtype}, "
               f"median of the slowest rank; busbw = algbw * 2(N-1)/N")
         print(f"# {'size':>10} {'count':>11} {'impl':>10} {'time_us':>11} {'algbw GB/s':>10} {'busbw GB/s':>10} "
-              f"{'#wrong':>6}")
+              f"{'#wrong':>6} {'wire_B':>11}")
     for nbytes in size_list:
         iters = args.iters or max(5, min(200, int(2e8 // max(nbytes, 1)) // 10))
         if args.quick:
@@ -216,7 +253,7 @@ def main(argv=None):
             rows.append(row)
             if comm.rank == 0:
                 print(f"  {human(nbytes):>10} {row['count']:>11} {row['impl']:>10} {row['time_us']:>11.1f} "
-                      f"{row['algbw']:>10.3f} {row['busbw']:>10.3f} {row['wrong']:>6}", flush=True)
+                      f"{row['algbw']:>10.3f} {row['busbw']:>10.3f} {row['wrong']:>6} {row['wire_bytes']:>11}", flush=True)
     if comm.rank == 0:
         by_size = {}
         for r in rows:

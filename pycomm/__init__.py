@@ -10,6 +10,7 @@ import torch  # noqa: F401  (loads libtorch before the native core)
 
 from . import _C
 from . import kernels
+from . import compression
 from .collectives import (
     Handle,
     allgather,

@@ -8,7 +8,7 @@ every rank holds bitwise the same values.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -20,6 +20,7 @@ Handle = _C.Handle
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
 REDUCE_OPS = ("sum", "avg", "min", "max")
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "mpi", "shm", "hierarchical", "hierarchical_master")
+COMPRESSIONS = ("none", "fp16", "bf16", "onebit")  # pycomm/compression.py; more via compression.register()
 
 
 def _label(name: Optional[str]) -> str:
@@ -54,7 +55,8 @@ def _check_op(op: str, dtype: torch.dtype, what: str) -> None:
 
 
 def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
-                    out: Optional[torch.Tensor] = None, name: Optional[str] = None, _blocking: bool = False) -> Handle:
+                    out: Optional[torch.Tensor] = None, name: Optional[str] = None, _blocking: bool = False,
+                    compression: Union[str, "Compressor"] = "none") -> Handle:
     """Start an allreduce; ``handle.wait()`` returns the result tensor.
 
     op: sum | avg | min | max. avg of fp16/bf16 divides by N before summing
@@ -66,6 +68,9 @@ def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "aut
     hierarchical_master (reduce to each node's rank 0, ring among those,
     broadcast back).
     out: result tensor of the same shape and dtype; None reduces in place.
+    compression: none | fp16 | bf16 | onebit (float32 tensors, op avg or sum,
+    algorithm auto; onebit needs a name) or a pycomm.compression.Compressor;
+    see pycomm.compression.
     """
     topology()
     check_tensor(tensor, "allreduce", name)
@@ -80,14 +85,24 @@ def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "aut
         if out.shape != tensor.shape or out.dtype != tensor.dtype or out.device != tensor.device:
             raise ValueError(f"pycomm.allreduce: out{_label(name)} is {out.dtype}{list(out.shape)} on {out.device}, "
                              f"expected {tensor.dtype}{list(tensor.shape)} on {tensor.device}")
+    if not (isinstance(compression, str) and compression == "none"):
+        from .compression import resolve
+
+        compressor = resolve(compression)
+        if algorithm != "auto":
+            raise ValueError(f"pycomm.allreduce: algorithm={algorithm!r} applies to compression='none'; "
+                             f"compression={compressor.name!r} runs its own scheme (leave algorithm='auto')")
+        return compressor.allreduce_async(tensor, op=op, name=name, out=out, _blocking=_blocking)
     reduce_op = "sum" if op == "avg" else op
     return _C.allreduce_async(tensor, out, reduce_op, op == "avg", algorithm, name or "", _blocking)
 
 
 def allreduce(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
-              out: Optional[torch.Tensor] = None, name: Optional[str] = None) -> torch.Tensor:
+              out: Optional[torch.Tensor] = None, name: Optional[str] = None,
+              compression: Union[str, "Compressor"] = "none") -> torch.Tensor:
     """Reduce `tensor` over all ranks; see allreduce_async. Returns the result."""
-    return allreduce_async(tensor, op=op, algorithm=algorithm, out=out, name=name, _blocking=True).wait()
+    return allreduce_async(tensor, op=op, algorithm=algorithm, out=out, name=name, _blocking=True,
+                           compression=compression).wait()
 
 
 def broadcast_async(tensor: torch.Tensor, root: int = 0, name: Optional[str] = None,

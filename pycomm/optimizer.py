@@ -38,19 +38,23 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import torch
 
 from . import collectives
-from .runtime import size, topology
+from . import compression as _compression
+from .runtime import rank, size, topology
 
-#: Compression names DistributedOptimizer accepts. Extended when compressors land.
-SUPPORTED_COMPRESSION: Tuple[str, ...] = ("none",)
+#: Compression names DistributedOptimizer accepts (pycomm.compression; a
+#: Compressor instance, or a name added with pycomm.compression.register, works too).
+SUPPORTED_COMPRESSION: Tuple[str, ...] = collectives.COMPRESSIONS
 
 #: Reduction ops DistributedOptimizer accepts.
 SUPPORTED_OPS: Tuple[str, ...] = ("avg", "sum")
 
 
-def check_compression(compression: str) -> str:
+def check_compression(compression):
     """Return `compression` if pycomm supports it, else raise ValueError listing the choices."""
-    if not isinstance(compression, str) or compression not in SUPPORTED_COMPRESSION:
-        raise ValueError(f"unknown compression {compression!r}; supported: {', '.join(SUPPORTED_COMPRESSION)}")
+    if isinstance(compression, _compression.Compressor):
+        return compression
+    if not isinstance(compression, str) or compression not in _compression.names():
+        raise ValueError(f"unknown compression {compression!r}; supported: {', '.join(_compression.names())}")
     return compression
 
 
@@ -83,7 +87,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
     named_parameters: (name, parameter) pairs, e.g. ``model.named_parameters()``;
         names appear in error messages. Default: the optimizer's parameters,
         named by position. Every parameter the optimizer updates must be listed.
-    compression: one of SUPPORTED_COMPRESSION.
+    compression: one of SUPPORTED_COMPRESSION (none, fp16, bf16, onebit) or a
+        pycomm.compression.Compressor. The optimizer gets its own compressor
+        (for onebit: its own error-feedback residuals, one pair per bucket,
+        saved in ``state_dict()`` under "pycomm_compression", per rank).
+        Compression applies to float32 CPU buckets; other buckets (float64,
+        half, CUDA in this build) are reduced uncompressed.
     backward_passes_per_step: backward passes accumulated locally per reduction.
     op: "avg" (default) or "sum" over ranks.
     bucket_mb: target bucket size in MiB (a larger parameter gets its own bucket).
@@ -135,7 +144,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._optimizer = optimizer
         self._alias()
 
-        self.compression = compression
+        self.compression = compression if isinstance(compression, str) else compression.name
+        self.compressor = (compression if isinstance(compression, _compression.Compressor)
+                           else _compression.by_name(compression))
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.algorithm = algorithm
@@ -233,12 +244,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 else:
                     view.copy_(p.grad.reshape(-1))
                 offset += n
-        b.handle = collectives.allreduce_async(b.buffer, op=self.op, algorithm=self.algorithm,
-                                               name=f"DistributedOptimizer.bucket{b.index}")
+        name = f"DistributedOptimizer.bucket{b.index}"
         nbytes = b.numel * b.buffer.element_size()
+        if self._compressed(b):
+            b.handle = self.compressor.allreduce_async(b.buffer, op=self.op, name=name)
+            self.bytes_sent += self.compressor.wire_bytes(b.numel, size(), rank())
+        else:
+            b.handle = collectives.allreduce_async(b.buffer, op=self.op, algorithm=self.algorithm, name=name)
+            self.bytes_sent += ring_bytes_sent(nbytes, size())
         self.num_allreduces += 1
         self.bytes_reduced += nbytes
-        self.bytes_sent += ring_bytes_sent(nbytes, size())
+
+    def _compressed(self, b: _Bucket) -> bool:
+        return (not isinstance(self.compressor, _compression.NoCompression) and self.compressor.supports(b.dtype)
+                and b.buffer.device.type == "cpu")
 
     # -- step --------------------------------------------------------------
     def synchronize(self) -> None:
@@ -284,11 +303,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._optimizer.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self) -> dict:
-        return self._optimizer.state_dict()
+        """The wrapped optimizer's state_dict, plus this rank's compression state (error-feedback residuals)."""
+        sd = self._optimizer.state_dict()
+        sd["pycomm_compression"] = self.compressor.state_dict()
+        return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        comp = state_dict.pop("pycomm_compression", None)
         self._optimizer.load_state_dict(state_dict)
         self._alias()
+        if comp is not None:
+            self.compressor.load_state_dict(comp)
 
     def add_param_group(self, param_group: dict) -> None:
         if hasattr(self, "_optimizer"):
@@ -382,7 +408,10 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root: int = 0) -
         raise TypeError(f"broadcast_optimizer_state expects a torch.optim.Optimizer, got {type(optimizer).__name__}")
     from .runtime import rank
 
-    state = broadcast_object(optimizer.state_dict() if rank() == root else None, root=root)
+    mine = optimizer.state_dict() if rank() == root else None
+    if mine is not None:  # error-feedback residuals are per rank: every rank keeps its own
+        mine = {k: v for k, v in mine.items() if k != "pycomm_compression"}
+    state = broadcast_object(mine, root=root)
     if rank() != root:
         optimizer.load_state_dict(state)
 

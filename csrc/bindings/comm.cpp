@@ -14,14 +14,16 @@ namespace py = pybind11;
 namespace pycomm {
 namespace bindings {
 namespace {
-
 std::unique_ptr<comm::Engine> g_engine;
 std::mutex g_engine_mu;
+}  // namespace
 
 comm::Engine& engine() {
   if (!g_engine) throw comm::CommError("pycomm is not initialized: call pycomm.init() first");
   return *g_engine;
 }
+
+namespace {
 
 comm::ReduceOp parse_op(const std::string& op) {
   if (op == "sum") return comm::ReduceOp::SUM;

@@ -42,6 +42,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "pycomm native core: compute kernels and the MPI collective engine";
   pycomm::bindings::register_comm(m);
   pycomm::bindings::register_kernels(m);
+  pycomm::bindings::register_compression(m);
 #ifdef PYCOMM_WITH_CUDA
   m.attr("cuda_built") = true;
 #else

@@ -91,6 +91,7 @@ class Engine {
 
   // `blocking`: the caller waits at once, so run on its thread if the engine is idle.
   WorkPtr allreduce(const AllreduceArgs& args, std::shared_ptr<void> keepalive, bool blocking = false);
+  WorkPtr compressed_allreduce(const struct CompressedArgs& args, std::shared_ptr<void> keepalive, bool blocking = false);  // compressed_allreduce.h
   WorkPtr broadcast(const Buffer& buf, int root, std::string name, std::shared_ptr<void> keepalive,
                     bool blocking = false);
   // `send` holds `rows` rows of shape `row_shape`; `allocate(total_rows)` runs on

@@ -64,10 +64,12 @@ class SSGD(Algorithm):
         """SSGD synchronizes inside every step; nothing is ever pending."""
 
     def extra_state(self) -> Dict[str, Any]:
-        return {"passes": self._passes}
+        return {"passes": self._passes, "compression": self.optimizer.compressor.state_dict()}
 
     def load_extra_state(self, state: Dict[str, Any]) -> None:
         self._passes = int(state["passes"])
+        if "compression" in state:  # error-feedback residuals (onebit)
+            self.optimizer.compressor.load_state_dict(state["compression"])
         self._sent_base = self.bytes_sent - self.optimizer.bytes_sent
         self._reduced_base = self.bytes_reduced - self.optimizer.bytes_reduced
         self.optimizer._alias()  # the local optimizer's load_state_dict replaced its state dict

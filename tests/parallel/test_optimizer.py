@@ -195,8 +195,8 @@ def test_wrapper_passes_through():
 def test_bad_arguments():
     model = make_model()
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match=r"unknown compression 'fp16'; supported: none"):
-        DistributedOptimizer(sgd, model.named_parameters(), compression="fp16")
+    with pytest.raises(ValueError, match=r"unknown compression 'fp8'; supported: none, fp16, bf16, onebit"):
+        DistributedOptimizer(sgd, model.named_parameters(), compression="fp8")
     with pytest.raises(ValueError, match="backward_passes_per_step must be a positive integer"):
         DistributedOptimizer(sgd, model.named_parameters(), backward_passes_per_step=0)
     with pytest.raises(ValueError, match="unknown op 'max'"):

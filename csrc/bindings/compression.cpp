@@ -1,0 +1,137 @@
+// Bindings of the compressed allreduce (fp16, bf16, onebit): tensor checks,
+// the asynchronous handle with its wire-byte report, the layout helpers.
+#include <memory>
+
+#include "../comm/compressed_allreduce.h"
+#include "../comm/engine.h"
+#include "bindings.h"
+
+namespace py = pybind11;
+
+namespace pycomm {
+namespace bindings {
+namespace {
+
+comm::Compression parse_compression(const std::string& c) {
+  if (c == "fp16") return comm::Compression::FP16;
+  if (c == "bf16") return comm::Compression::BF16;
+  if (c == "onebit") return comm::Compression::ONEBIT;
+  throw py::value_error("unknown compression '" + c + "'; the engine runs fp16, bf16 and onebit");
+}
+
+// A compressed allreduce in flight. Like pycomm.Handle, and after wait() it
+// also tells how many bytes this rank sent.
+class CompressedHandle {
+ public:
+  CompressedHandle(comm::WorkPtr work, at::Tensor result, std::shared_ptr<comm::CompressedStats> stats)
+      : work_(std::move(work)), result_(std::move(result)), stats_(std::move(stats)) {}
+
+  at::Tensor wait() {
+    {
+      py::gil_scoped_release release;
+      work_->wait();
+    }
+    return result_;
+  }
+  bool done() const { return work_->done(); }
+  std::string description() const { return work_->description(); }
+  const comm::CompressedStats& stats() const {
+    if (!work_->done()) throw py::value_error("the compressed allreduce has not finished; call wait() first");
+    return *stats_;
+  }
+
+ private:
+  comm::WorkPtr work_;
+  at::Tensor result_;
+  std::shared_ptr<comm::CompressedStats> stats_;
+};
+
+comm::Buffer float_buffer(const at::Tensor& t, const char* what) {
+  if (t.scalar_type() != at::kFloat)
+    throw py::type_error(std::string(what) + ": expected a float32 tensor, got " +
+                         std::string(c10::toString(t.scalar_type())));
+  if (!t.is_cpu()) throw py::value_error(std::string(what) + ": compressed allreduce handles CPU tensors only");
+  return to_buffer(t, what);
+}
+
+std::shared_ptr<CompressedHandle> compressed_allreduce_async(const at::Tensor& input, const at::Tensor& output,
+                                                             const std::string& compression, bool average,
+                                                             const std::optional<at::Tensor>& worker_residual,
+                                                             const std::optional<at::Tensor>& server_residual,
+                                                             const std::optional<at::Tensor>& mask,
+                                                             const std::string& name, bool blocking) {
+  comm::CompressedArgs a;
+  a.input = float_buffer(input, "compressed allreduce");
+  a.output = float_buffer(output, "compressed allreduce out");
+  if (a.input.count != a.output.count) throw py::value_error("compressed allreduce: out must have the input's size");
+  a.compression = parse_compression(compression);
+  a.average = average;
+  a.name = name;
+  std::vector<at::Tensor> keep{input, output};
+  if (a.compression == comm::Compression::ONEBIT) {
+    if (!worker_residual || !server_residual)
+      throw py::value_error("compressed allreduce: onebit needs its worker and server residuals");
+    a.worker_residual = float_buffer(*worker_residual, "onebit worker residual");
+    a.server_residual = float_buffer(*server_residual, "onebit server residual");
+    keep.push_back(*worker_residual);
+    keep.push_back(*server_residual);
+    if (mask) {
+      const at::Tensor& mk = *mask;
+      if ((mk.scalar_type() != at::kByte && mk.scalar_type() != at::kBool) || !mk.is_cpu() || !mk.is_contiguous())
+        throw py::type_error("onebit mask: expected a contiguous CPU uint8 or bool tensor");
+      a.mask.data = mk.data_ptr();
+      a.mask.count = static_cast<size_t>(mk.numel());  // one byte per element; the dtype field is not read
+      keep.push_back(mk);
+    }
+  }
+  a.stats = std::make_shared<comm::CompressedStats>();
+  auto stats = a.stats;
+  auto keepalive = std::make_shared<std::vector<at::Tensor>>(std::move(keep));
+  comm::WorkPtr work;
+  {
+    py::gil_scoped_release release;  // a blocking call may run the collective right here
+    work = engine().compressed_allreduce(a, keepalive, blocking);
+  }
+  return std::make_shared<CompressedHandle>(work, output, stats);
+}
+
+}  // namespace
+
+void register_compression(py::module_& m) {
+  py::class_<CompressedHandle, std::shared_ptr<CompressedHandle>>(
+      m, "CompressedHandle", "A compressed allreduce in flight; after wait() it reports the bytes this rank sent.")
+      .def("wait", &CompressedHandle::wait, "Block until done (GIL released); return the result tensor.")
+      .def("done", &CompressedHandle::done)
+      .def_property_readonly("wire_bytes", [](const CompressedHandle& h) { return h.stats().wire_bytes; },
+                             "Bytes this rank sent to other ranks.")
+      .def_property_readonly("fp32_ring_bytes", [](const CompressedHandle& h) { return h.stats().fp32_ring_bytes; },
+                             "Bytes an uncompressed float32 ring allreduce of the same tensor would have sent.")
+      .def("__repr__", [](const CompressedHandle& h) {
+        return "<pycomm.CompressedHandle " + h.description() + (h.done() ? " done>" : " pending>");
+      });
+
+  m.def("compressed_allreduce_async", &compressed_allreduce_async, py::arg("input"), py::arg("output"),
+        py::arg("compression"), py::arg("average"), py::arg("worker_residual") = py::none(),
+        py::arg("server_residual") = py::none(), py::arg("mask") = py::none(), py::arg("name") = "",
+        py::arg("blocking") = false);
+  m.def(
+      "onebit_layout",
+      [](size_t n, int world) {
+        if (world < 1) throw py::value_error("onebit_layout: world must be >= 1");
+        comm::OneBitLayout l = comm::onebit_layout(n, world);
+        return py::make_tuple(l.padded, l.chunk);
+      },
+      py::arg("n"), py::arg("world"), "(padded n, chunk m): n padded to a multiple of 8*world, m = padded/world.");
+  m.def(
+      "compressed_wire_bytes",
+      [](const std::string& compression, size_t n, int world, int rank) {
+        return comm::compressed_wire_bytes(parse_compression(compression), n, world, rank);
+      },
+      py::arg("compression"), py::arg("n"), py::arg("world"), py::arg("rank"),
+      "Exact bytes `rank` sends in one compressed allreduce of n float32 elements.");
+  m.def("ring_wire_bytes", &comm::ring_wire_bytes, py::arg("n"), py::arg("element_size"), py::arg("world"),
+        py::arg("rank"), "Exact bytes `rank` sends in pycomm's ring allreduce.");
+}
+
+}  // namespace bindings
+}  // namespace pycomm

@@ -1,0 +1,287 @@
+// Compressed allreduce: fp16/bf16 and the two-phase 1-bit scheme (see the header),
+// and the engine's entry point Engine::compressed_allreduce.
+#include "compressed_allreduce.h"
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+#include "../kernels/cast.h"
+#include "../kernels/cpu_dispatch.h"
+#include "../kernels/onebit.h"
+#include "algorithms.h"
+#include "engine.h"
+#include "coordinator.h"
+
+namespace pycomm {
+namespace comm {
+
+const char* compression_name(Compression c) {
+  switch (c) {
+    case Compression::FP16: return "fp16";
+    case Compression::BF16: return "bf16";
+    case Compression::ONEBIT: return "onebit";
+  }
+  return "unknown";
+}
+
+OneBitLayout onebit_layout(size_t n, int world) {
+  OneBitLayout l;
+  l.n = n;
+  l.world = world;
+  const size_t unit = 8 * static_cast<size_t>(world);
+  l.padded = (n + unit - 1) / unit * unit;
+  l.chunk = l.padded / static_cast<size_t>(world);
+  return l;
+}
+
+uint64_t ring_wire_bytes(size_t n, size_t esize, int world, int rank) {
+  if (world <= 1) return 0;
+  uint64_t total = 0;
+  for (int t = 0; t < 2 * (world - 1); ++t) {  // step t sends segment (rank - t) mod N (ring_allreduce.cpp)
+    int seg = ((rank - t) % world + world) % world;
+    total += part_size(n, world, seg) * esize;
+  }
+  return total;
+}
+
+uint64_t compressed_wire_bytes(Compression c, size_t n, int world, int rank) {
+  if (world <= 1 || n == 0) return 0;
+  if (c == Compression::ONEBIT) {
+    // all-to-all: one block to each other rank; allgather: this rank's block
+    // reaches each other rank once.
+    return 2ull * static_cast<uint64_t>(world - 1) * onebit_layout(n, world).block_bytes();
+  }
+  return ring_wire_bytes(n, 2, world, rank);
+}
+
+namespace {
+
+// Scratch memory reused between calls. Engine operations never overlap (one
+// runs at a time, on the worker or inline on a caller), the mutex only makes
+// that explicit.
+struct Scratch {
+  std::mutex mu;
+  std::vector<uint8_t> a, b, c;
+  std::vector<float> f;
+};
+Scratch& scratch() {
+  static Scratch s;
+  return s;
+}
+
+template <class T>
+T* sized(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+// 1 if any kept element of x is inf or NaN.
+int has_nonfinite(const float* x, const uint8_t* mask, size_t n) {
+  int bad = 0;
+  const int threads = kernels::threads_for(n * sizeof(float));
+#pragma omp parallel for reduction(| : bad) schedule(static) num_threads(threads) if (threads > 1)
+  for (size_t i = 0; i < n; ++i) bad |= (!(std::fabs(x[i]) <= FLT_MAX) && (!mask || mask[i])) ? 1 : 0;
+  return bad;
+}
+
+// Every rank learns which ranks flagged non-finite input; all of them throw
+// the same error when any did, before anything has been written.
+void agree_finite(int bad, MPI_Comm comm, int size, const CompressedArgs& a, const char* detail) {
+  std::vector<int> flags(static_cast<size_t>(size), bad);
+  if (size > 1) PYCOMM_MPI_CHECK(MPI_Allgather(&bad, 1, MPI_INT, flags.data(), 1, MPI_INT, comm));
+  std::vector<int> ranks;
+  for (int r = 0; r < size; ++r)
+    if (flags[r]) ranks.push_back(r);
+  if (ranks.empty()) return;
+  std::ostringstream msg;
+  msg << "pycomm.allreduce(compression='" << compression_name(a.compression) << "')";
+  if (!a.name.empty()) msg << " of '" << a.name << "'";
+  msg << ": " << (ranks.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < ranks.size(); ++i) msg << (i ? "," : "") << ranks[i];
+  msg << " passed a tensor with " << detail
+      << "; nothing was reduced and no output or residual was changed. Find where the value comes from "
+         "(for example a diverging loss), or skip this step.";
+  throw CommError(msg.str());
+}
+
+void check_int(size_t bytes, const char* what) {
+  if (bytes > static_cast<size_t>(INT32_MAX))
+    throw CommError(std::string("compressed allreduce: ") + what + " is larger than 2 GiB per rank");
+}
+
+}  // namespace
+
+void half_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, size_t ring_chunk_bytes,
+                               CompressedStats* stats) {
+  int rank = 0, size = 1;
+  PYCOMM_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  PYCOMM_MPI_CHECK(MPI_Comm_size(comm, &size));
+  const size_t n = a.input.count;
+  const DType half = a.compression == Compression::BF16 ? DType::BF16 : DType::F16;
+  const float* x = static_cast<const float*>(a.input.data);
+  float* out = static_cast<float*>(a.output.data);
+  stats->wire_bytes = compressed_wire_bytes(a.compression, n, size, rank);
+  stats->fp32_ring_bytes = ring_wire_bytes(n, 4, size, rank);
+  if (n == 0) return;
+
+  Scratch& s = scratch();
+  std::lock_guard<std::mutex> lock(s.mu);
+  void* h = sized(s.a, n * 2);
+  // Pre-divided cast: y = half(x / N) for an average.
+  const float scale = a.average ? 1.0f / static_cast<float>(size) : 1.0f;
+  int bad = 0;
+  kernels::cast_to_half_cpu(x, h, n, half, scale, &bad);
+  agree_finite(bad, comm, size, a,
+               half == DType::F16 && a.average ? "inf or NaN, or a value beyond the float16 range even after the "
+                                                  "division by the number of ranks (use compression='bf16')"
+               : half == DType::F16 ? "inf or NaN, or a value beyond the float16 range (op='avg' divides by the "
+                                      "number of ranks first; compression='bf16' has float32's range)"
+                                    : "inf or NaN");
+  Buffer hb;
+  hb.data = h;
+  hb.count = n;
+  hb.dtype = half;
+  // Partial sums are combined in fp32 on every hop (reduce_cpu widens, adds, rounds once).
+  ring_allreduce(hb, ReduceOp::SUM, comm, ring_chunk_bytes);
+  if (!a.average && half == DType::F16) {
+    // A sum can overflow float16 on the way even when every input fits. The
+    // reduced buffer is the same on every rank, so every rank sees this.
+    int overflow = 0;
+    const uint16_t* hv = static_cast<const uint16_t*>(h);
+    for (size_t i = 0; i < n && !overflow; ++i) overflow = (hv[i] & 0x7c00u) == 0x7c00u;
+    if (overflow)
+      throw CommError("pycomm.allreduce(compression='fp16', op='sum')" +
+                      (a.name.empty() ? std::string() : " of '" + a.name + "'") +
+                      ": the sum overflowed float16; nothing was written. Use op='avg' (pre-divides by the number "
+                      "of ranks) or compression='bf16'.");
+  }
+  kernels::cast_to_float_cpu(h, out, n, half, 1.0f);
+}
+
+void onebit_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, CompressedStats* stats) {
+  int rank = 0, size = 1;
+  PYCOMM_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  PYCOMM_MPI_CHECK(MPI_Comm_size(comm, &size));
+  const size_t n = a.input.count;
+  const OneBitLayout L = onebit_layout(n, size);
+  stats->wire_bytes = compressed_wire_bytes(Compression::ONEBIT, n, size, rank);
+  stats->fp32_ring_bytes = ring_wire_bytes(n, 4, size, rank);
+  if (n == 0) return;
+
+  const float* x = static_cast<const float*>(a.input.data);
+  float* out = static_cast<float*>(a.output.data);
+  float* ew = static_cast<float*>(a.worker_residual.data);
+  float* es = static_cast<float*>(a.server_residual.data);
+  const uint8_t* mask = static_cast<const uint8_t*>(a.mask.data);
+  auto mask_at = [mask](size_t i) { return mask ? mask + i : nullptr; };
+
+  agree_finite(has_nonfinite(x, mask, n), comm, size, a, "inf or NaN");
+
+  const size_t B = L.block_bytes(), bits = L.bit_bytes(), m = L.chunk;
+  check_int(B, "a 1-bit chunk");
+  Scratch& s = scratch();
+  std::lock_guard<std::mutex> lock(s.mu);
+  uint8_t* send = sized(s.a, B * size);
+  uint8_t* recv = sized(s.b, B * size);
+  uint8_t* gathered = sized(s.c, B * size);
+  float* acc = sized(s.f, m);
+
+  // 1. Worker: chunk j of x + e_w -> bits and scale, straight into the block for rank j.
+  for (int j = 0; j < size; ++j) {
+    uint8_t* block = send + static_cast<size_t>(j) * B;
+    const size_t b = L.begin(j), len = L.length(j);
+    float scale = 0.0f;
+    std::memset(block, 0, bits);
+    if (len) kernels::onebit_compress_cpu(x + b, ew + b, len, m, block, &scale, mask_at(b));
+    std::memcpy(block + bits, &scale, sizeof scale);
+  }
+
+  // 2. All-to-all: rank j gets every rank's chunk j.
+  if (size > 1)
+    PYCOMM_MPI_CHECK(MPI_Alltoall(send, static_cast<int>(B), MPI_BYTE, recv, static_cast<int>(B), MPI_BYTE, comm));
+  else
+    std::memcpy(recv, send, B);
+
+  // 3. Server: a = sum_k fl(w s_k) (2 bit - 1) in rank order, w = 1/N (avg) or 1 (sum);
+  //    then compress a with the server residual into this rank's block.
+  const size_t myb = L.begin(rank), mylen = L.length(rank);
+  uint8_t* mine = send;  // the send buffer is free again: reuse its first block
+  float my_scale = 0.0f;
+  std::memset(mine, 0, bits);
+  if (mylen) {
+    const float weight = a.average ? 1.0f / static_cast<float>(size) : 1.0f;
+    std::memset(acc, 0, mylen * sizeof(float));
+    for (int k = 0; k < size; ++k) {
+      const uint8_t* block = recv + static_cast<size_t>(k) * B;
+      float sk;
+      std::memcpy(&sk, block + bits, sizeof sk);
+      kernels::onebit_decompress_accumulate_cpu(block, &sk, mylen, m, acc, weight, mask_at(myb));
+    }
+    kernels::onebit_compress_cpu(acc, es, mylen, m, mine, &my_scale, mask_at(myb));
+  }
+  std::memcpy(mine + bits, &my_scale, sizeof my_scale);
+
+  // 4. Allgather of the server chunks; 5. every rank decompresses all of them.
+  if (size > 1)
+    PYCOMM_MPI_CHECK(MPI_Allgather(mine, static_cast<int>(B), MPI_BYTE, gathered, static_cast<int>(B), MPI_BYTE, comm));
+  else
+    std::memcpy(gathered, mine, B);
+  for (int j = 0; j < size; ++j) {
+    const uint8_t* block = gathered + static_cast<size_t>(j) * B;
+    const size_t b = L.begin(j), len = L.length(j);
+    if (!len) continue;
+    float sj;
+    std::memcpy(&sj, block + bits, sizeof sj);
+    kernels::onebit_decompress_cpu(block, &sj, len, m, out + b, mask_at(b));
+  }
+}
+
+WorkPtr Engine::compressed_allreduce(const CompressedArgs& args, std::shared_ptr<void> keepalive, bool blocking) {
+  auto host = [](const Buffer& b) { return b.device == Device::CPU; };
+  if (!host(args.input) || !host(args.output))
+    throw CommError("compressed allreduce: this pycomm build handles host memory only");
+  if (args.input.dtype != DType::F32 || args.output.dtype != DType::F32 || args.input.count != args.output.count)
+    throw CommError("compressed allreduce: input and output must be float32 buffers of the same size");
+  if (args.compression == Compression::ONEBIT) {
+    const OneBitLayout L = onebit_layout(args.input.count, topo_.size);
+    if (args.worker_residual.dtype != DType::F32 || args.worker_residual.count != L.n || !host(args.worker_residual))
+      throw CommError("compressed allreduce: the worker residual must be a host float32 buffer of " +
+                      std::to_string(L.n) + " elements");
+    if (args.server_residual.dtype != DType::F32 || args.server_residual.count != L.chunk ||
+        !host(args.server_residual))
+      throw CommError("compressed allreduce: the server residual must be a host float32 buffer of " +
+                      std::to_string(L.chunk) + " elements at " + std::to_string(topo_.size) + " ranks");
+    if (args.mask.data && (args.mask.count != L.n || !host(args.mask)))
+      throw CommError("compressed allreduce: the mask must be a host buffer of " + std::to_string(L.n) + " bytes");
+  }
+
+  // The agreement check compares the compression too: it leads the name
+  // ("onebit+mask:grad.w"), which the disagreement message shows.
+  Signature sig;
+  sig.kind = static_cast<int32_t>(Collective::ALLREDUCE);
+  sig.dtype = static_cast<int32_t>(args.input.dtype);
+  sig.numel = static_cast<int64_t>(args.input.count);
+  sig.ndim = 1;
+  sig.dims[0] = sig.numel;
+  sig.op = static_cast<int32_t>(ReduceOp::SUM);
+  sig.extra = args.average ? 1 : 0;
+  std::string tag = compression_name(args.compression);
+  if (args.mask.data) tag += "+mask";
+  sig.set_name(tag + ":" + args.name);
+
+  return submit_custom(sig, "allreduce " + tag + " " + args.name, std::move(keepalive), [this, args] {
+    CompressedStats st;
+    if (args.compression == Compression::ONEBIT)
+      onebit_compressed_allreduce(args, topo_.world, &st);
+    else
+      half_compressed_allreduce(args, topo_.world, active_.ring_chunk_bytes, &st);
+    if (args.stats) *args.stats = st;
+  }, blocking);
+}
+
+}  // namespace comm
+}  // namespace pycomm

@@ -1,0 +1,89 @@
+// Compressed allreduce of float32 buffers (ALGORITHMS.md §2).
+//
+// fp16 / bf16: every rank casts its buffer to half precision with the 1/N of
+// an average applied before the cast (a sum of N values near the top of the
+// fp16 range overflows before a later division could help), a ring allreduce
+// sums the half buffer combining the partial sums in fp32 on every hop (one
+// rounding per hop), and the result is cast back to float32.
+//
+// onebit: the two-phase scheme of DeepSpeed's compressed allreduce, with error
+// feedback on both sides. With n elements and N ranks, n is padded to
+// n_pad = ceil(n / 8N) * 8N and cut into N chunks of m = n_pad / N elements
+// (a whole number of bytes of sign bits); chunk j covers elements
+// [j m, min((j+1) m, n)), so trailing chunks may be short or empty and no
+// padding element ever enters a scale.
+//   1. worker: c = x + e_w per chunk; s_j = ||c_j||_2 / sqrt(len_j);
+//      bit_i = (c_i >= 0); e_w <- c - s_j (2 bit - 1).
+//   2. all-to-all: rank j receives every rank's sign bits and scale of chunk j.
+//   3. server (rank j): a = (1/N) sum_k s_kj (2 bit_k - 1) (sum for op=sum),
+//      in rank order; then compresses a with its server residual e_s exactly
+//      as in 1 (one scale for its chunk).
+//   4. allgather of the server chunks (bits + scale); every rank decompresses
+//      all N chunks, so every rank holds bitwise the same result.
+// A mask (uint8, 1 = keep) forces the masked-out elements to exactly zero in
+// the result and keeps their residuals at zero.
+//
+// Wire bytes, per rank: 2 (N-1) (m/8 + 4) for onebit, against
+// 2 (N-1)/N * 4n for a float32 ring: about 1/32 of it (2 S/32 instead of 2 S,
+// ALGORITHMS.md §2). fp16/bf16 send exactly half of the float32 ring.
+#pragma once
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common.h"
+
+namespace pycomm {
+namespace comm {
+
+enum class Compression : int32_t { FP16 = 1, BF16 = 2, ONEBIT = 3 };
+const char* compression_name(Compression c);
+
+// What one compressed allreduce reports once it is done.
+struct CompressedStats {
+  uint64_t wire_bytes = 0;  // bytes this rank sent to other ranks
+  uint64_t fp32_ring_bytes = 0;  // what an uncompressed float32 ring allreduce would have sent
+};
+
+struct CompressedArgs {
+  Buffer input;   // float32, contiguous host memory
+  Buffer output;  // float32, same count; == input for in place
+  Compression compression = Compression::FP16;
+  bool average = true;  // op=avg; false: op=sum
+  // onebit only (CompressedArgs::onebit_layout gives the sizes):
+  Buffer worker_residual;  // float32[n], updated in place
+  Buffer server_residual;  // float32[m], updated in place (this rank's chunk)
+  Buffer mask;             // one byte per element (1 keeps, 0 forces zero; dtype not read), or data == nullptr
+  std::string name;
+  std::shared_ptr<CompressedStats> stats;  // filled on completion when set
+};
+
+// The chunking of the onebit scheme for n elements over `world` ranks.
+struct OneBitLayout {
+  size_t n = 0, padded = 0, chunk = 0;  // chunk = m, a multiple of 8 (0 when n == 0)
+  int world = 1;
+  size_t begin(int j) const { return std::min(n, static_cast<size_t>(j) * chunk); }
+  size_t length(int j) const { return std::min(n, begin(j) + chunk) - begin(j); }
+  size_t bit_bytes() const { return chunk / 8; }
+  size_t block_bytes() const { return bit_bytes() + sizeof(float); }  // one chunk on the wire: bits, then scale
+};
+OneBitLayout onebit_layout(size_t n, int world);
+
+// Exact bytes `rank` sends in one call (0 when world == 1).
+uint64_t compressed_wire_bytes(Compression c, size_t n, int world, int rank);
+// Bytes `rank` sends in pycomm's ring allreduce of n elements of `esize` bytes.
+uint64_t ring_wire_bytes(size_t n, size_t esize, int world, int rank);
+
+// The algorithms; they run on the engine's thread. They throw CommError on
+// every rank, before anything is written to the output or the residuals, when
+// any rank's input holds inf or NaN (or, for fp16, a value that overflows
+// after the pre-division), naming those ranks.
+void half_compressed_allreduce(const CompressedArgs& args, MPI_Comm comm, size_t ring_chunk_bytes,
+                               CompressedStats* stats);
+void onebit_compressed_allreduce(const CompressedArgs& args, MPI_Comm comm, CompressedStats* stats);
+
+}  // namespace comm
+}  // namespace pycomm

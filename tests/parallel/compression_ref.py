@@ -1,0 +1,94 @@
+"""numpy reference of the two-phase 1-bit compressed allreduce (ALGORITHMS.md §2).
+
+Written from the math, not from pycomm's code: float32 arithmetic where the
+scheme specifies float32, the sum of squares in float64.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+F32 = np.float32
+
+
+def layout(n: int, world: int):
+    """(padded, chunk): n padded to a multiple of 8*world, chunk = padded / world."""
+    unit = 8 * world
+    padded = -(-n // unit) * unit
+    return padded, padded // world
+
+
+def chunk_range(n: int, world: int, j: int):
+    _, m = layout(n, world)
+    b = min(n, j * m)
+    return b, min(n, b + m)
+
+
+def quantize(x: np.ndarray, e: np.ndarray, kept: np.ndarray):
+    """c = x + e; s = ||c_kept|| / sqrt(#kept); bit = c >= 0; e' = c - q (0 where masked).
+
+    Returns (positive, scale, new residual, c)."""
+    c = (x.astype(F32) + e.astype(F32)).astype(F32)
+    k = int(kept.sum())
+    s = F32(np.sqrt(np.sum(c[kept].astype(np.float64) ** 2) / k)) if k else F32(0)
+    pos = c >= 0
+    q = np.where(pos, s, -s).astype(F32)
+    q[~kept] = 0
+    e_new = (c - q).astype(F32)
+    e_new[~kept] = 0
+    return pos, s, e_new, c
+
+
+def dequantize(pos: np.ndarray, s, kept: np.ndarray) -> np.ndarray:
+    q = np.where(pos, F32(s), -F32(s)).astype(F32)
+    q[~kept] = 0
+    return q
+
+
+def two_phase(xs: Sequence[np.ndarray], worker_res: Sequence[np.ndarray], server_res: Sequence[np.ndarray],
+              average: bool = True, mask: Optional[np.ndarray] = None):
+    """One compressed allreduce of every rank's x.
+
+    xs[k], worker_res[k]: rank k's input and worker residual (n floats);
+    server_res[j]: rank j's server residual (chunk floats).
+    Returns (result, new worker residuals, new server residuals, ambiguous)
+    where `ambiguous` marks elements whose server-side value was so close to
+    zero (|c| <= 1e-5 s) that its sign is decided by rounding.
+    """
+    world = len(xs)
+    n = xs[0].size
+    _, m = layout(n, world)
+    kept_all = np.ones(n, bool) if mask is None else mask.astype(bool)
+    new_w = [np.array(w, dtype=F32, copy=True) for w in worker_res]
+    new_s = [np.array(s, dtype=F32, copy=True) for s in server_res]
+    result = np.zeros(n, F32)
+    ambiguous = np.zeros(n, bool)
+    # phase 1: every worker quantizes every chunk with its own scale
+    bits = [[None] * world for _ in range(world)]
+    scales = np.zeros((world, world), F32)
+    for k in range(world):
+        for j in range(world):
+            b, e = chunk_range(n, world, j)
+            pos, s, en, _ = quantize(xs[k][b:e], worker_res[k][b:e], kept_all[b:e])
+            bits[k][j], scales[k, j] = pos, s
+            new_w[k][b:e] = en
+    weight = F32(1) / F32(world) if average else F32(1)
+    for j in range(world):
+        b, e = chunk_range(n, world, j)
+        kept = kept_all[b:e]
+        acc = np.zeros(e - b, F32)
+        for k in range(world):  # in rank order, float32
+            acc = (acc + dequantize(bits[k][j], F32(weight * scales[k, j]), kept)).astype(F32)
+        pos, s, en, c = quantize(acc, server_res[j][: e - b], kept)
+        new_s[j][: e - b] = en
+        result[b:e] = dequantize(pos, s, kept)
+        ambiguous[b:e] = (np.abs(c) <= F32(1e-5) * s) & kept
+    return result, new_w, new_s, ambiguous
+
+
+def fp16_bound(xs: Sequence[np.ndarray], eps: float) -> np.ndarray:
+    """Error bound of the pre-divided half-precision average: N roundings of partial sums plus the casts."""
+    world = len(xs)
+    mag = np.sum([np.abs(x.astype(np.float64)) for x in xs], axis=0) / world
+    return 2 * (world + 1) * eps * mag + 1e-30
