@@ -105,3 +105,45 @@ def test_killed_and_resumed_run_is_bitwise_identical(tmp_path):
     assert resumed["model_sha256"] == whole["model_sha256"]
     for key in ("final_train_loss", "final_test_accuracy", "syncs", "bytes_sent", "steps"):
         assert resumed[key] == whole[key], key
+
+
+@pytest.fixture
+def blobs(tmp_path):
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 3, size=80)
+    x = rng.normal(size=(80, 1, 3, 3)) + y[:, None, None, None]
+    path = tmp_path / "blobs.npz"
+    np.savez(path, x_train=x[:64], y_train=y[:64], x_test=x[64:], y_test=y[64:])
+    return f"npz:{path}"
+
+
+@pytest.mark.parametrize("argv,syncs", [
+    (["--algorithm", "ssgd", "--optimizer", "rmsprop", "--model", "cnn"], 16),
+    (["--algorithm", "model_averaging", "--sync-period", "3", "--optimizer", "adagrad"], 6),  # 5 + final
+    (["--algorithm", "bmuf", "--sync-period", "4", "--warmup-steps", "2", "--optimizer", "radam"], 2 + 4),
+    (["--algorithm", "bmuf", "--sync-period", "4", "--warmup-steps", "0", "--moment-sync", "reset",
+      "--optimizer", "adam", "--no-nesterov", "--block-momentum", "0.5"], 4),
+    (["--algorithm", "easgd", "--sync-period", "5", "--beta", "0.5", "--optimizer", "adadelta"], 4),  # 3 + final
+    (["--algorithm", "admm", "--local-steps", "8", "--rho", "0.5", "--sgd-nesterov"], 2),
+])
+def test_every_algorithm_and_optimizer_runs(capsys, tmp_path, blobs, argv, syncs):
+    metrics = tmp_path / "m" / "metrics.json"
+    assert main([*argv, "--dataset", blobs, "--epochs", "2", "--batch-size", "8", "--metrics-json", str(metrics),
+                 *FAST]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["steps"] == 16 and summary["syncs"] == syncs, summary
+    assert "epoch   2/2  train_loss" in out and "test_acc" in out and "syncs" in out and "bytes_sent" in out
+    saved = json.load(open(metrics))
+    assert [e["epoch"] for e in saved["epochs"]] == [1, 2] and saved["summary"] == summary
+
+
+def test_resume_with_other_options_is_refused(capsys, tmp_path, blobs):
+    ck = str(tmp_path / "ck")
+    assert main(["--dataset", blobs, "--epochs", "1", "--batch-size", "8", "--checkpoint-dir", ck, *FAST]) == 0
+    capsys.readouterr()
+    err = error_of(capsys, ["--dataset", blobs, "--epochs", "2", "--batch-size", "8", "--lr", "0.2",
+                            "--checkpoint-dir", ck, "--resume", *FAST])
+    assert "--resume: the checkpoint was made with different options: lr was None, now 0.2" in err
+    err = error_of(capsys, ["--dataset", blobs, "--checkpoint-dir", str(tmp_path / "empty"), "--resume", *FAST])
+    assert "no checkpoint in" in err
