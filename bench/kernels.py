@@ -25,15 +25,23 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
 import statistics
 import sys
 import time
 
 import torch
 
-import pycomm
-from pycomm import kernels as K
+# Measure this checkout's build (python setup.py build_ext --inplace) rather
+# than whatever pycomm the environment has installed.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if glob.glob(os.path.join(ROOT, "pycomm", "_C*.so")) and ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import pycomm  # noqa: E402
+from pycomm import kernels as K  # noqa: E402
 
 MiB = 1 << 20
 
@@ -178,7 +186,8 @@ def main(argv=None) -> int:
     timer = Timer(device)
     results = []
     cpu_note = "" if device.startswith("cuda") else f", cpu variant {K.cpu_isa()}"
-    print(f"# pycomm kernels on {device}{cpu_note}, torch {torch.__version__}, median of {repeats}", flush=True)
+    print(f"# pycomm kernels on {device}{cpu_note}, torch {torch.__version__}, median of {repeats}, "
+          f"pycomm from {os.path.dirname(pycomm.__file__)}", flush=True)
     hdr = f"{'kernel':<20}{'size':>8}{'thr':>4}{'time ms':>10}{'GB/s':>9}{'copy GB/s':>11}{'vs copy':>9}"
     print(hdr)
     print("-" * len(hdr), flush=True)
