@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <stdexcept>
 
+#include "cast.h"
 #include "cpu_dispatch.h"
 #include "half.h"
 #include "vec_x86.h"
@@ -134,16 +135,6 @@ PYCOMM_CPU_CLONES void scale_native(T* __restrict dst, size_t n, T f) {
   for (size_t i = 0; i < n; ++i) dst[i] *= f;
 }
 
-PYCOMM_CPU_CLONES void scale_f16(uint16_t* __restrict dst, size_t n, float f) {
-#pragma omp parallel for simd schedule(static) num_threads(threads_for(n * 2)) if (n * 2 >= kParallelMinBytes)
-  for (size_t i = 0; i < n; ++i) dst[i] = float_to_half(half_to_float(dst[i]) * f);
-}
-
-PYCOMM_CPU_CLONES void scale_bf16(uint16_t* __restrict dst, size_t n, float f) {
-#pragma omp parallel for simd schedule(static) num_threads(threads_for(n * 2)) if (n * 2 >= kParallelMinBytes)
-  for (size_t i = 0; i < n; ++i) dst[i] = float_to_bf16(bf16_to_float(dst[i]) * f);
-}
-
 }  // namespace
 
 void reduce_cpu(void* dst, const void* src, size_t count, DType dtype, ReduceOp op) {
@@ -161,8 +152,8 @@ void scale_cpu(void* dst, size_t count, DType dtype, double factor) {
   switch (dtype) {
     case DType::F32: return scale_native<float>(static_cast<float*>(dst), count, static_cast<float>(factor));
     case DType::F64: return scale_native<double>(static_cast<double*>(dst), count, factor);
-    case DType::F16: return scale_f16(static_cast<uint16_t*>(dst), count, static_cast<float>(factor));
-    case DType::BF16: return scale_bf16(static_cast<uint16_t*>(dst), count, static_cast<float>(factor));
+    case DType::F16:
+    case DType::BF16: return scale_half_cpu(dst, dst, count, dtype, static_cast<float>(factor));
     default: throw std::invalid_argument("scale_cpu: integer tensors cannot be scaled");
   }
 }

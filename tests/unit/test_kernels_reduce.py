@@ -65,10 +65,11 @@ def test_reduce(target, dtype, op, n):
     assert (buf[n:].cpu() == 42).all()
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n", [0, 1, 15, 17, 5000, (1 << 19) + 1])
 @pytest.mark.parametrize("dtype", DTYPES[:4], ids=lambda d: str(d).replace("torch.", ""))
-def test_scale(device, dtype):
-    a = data(5000, dtype, 1)
+def test_scale(target, dtype, n):
+    device = target
+    a = data(n, dtype, 1)
     t = a.clone().to(device)
     K.scale_(t, 0.25)
     if dtype in (torch.float16, torch.bfloat16):
