@@ -10,7 +10,7 @@
 #   PYCOMM_CUDA_VENV   the venv to make or reuse   (default: <repo>/../venv-cuda)
 #   CUDA_HOME          the CUDA toolkit             (default: /usr/local/cuda)
 #   PYTHON             python for a new venv        (default: python3)
-#   MAX_JOBS           parallel nvcc/c++ jobs       (default: 2)
+#   MAX_JOBS           parallel nvcc/c++ jobs       (default: the core count)
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,7 +44,7 @@ fi
 
 cd "$REPO"
 export PATH="$VENV/bin:$PATH"          # its mpicc, ninja
-export PYCOMM_CUDA=1 TORCH_CUDA_ARCH_LIST="9.0" MAX_JOBS="${MAX_JOBS:-2}"
+export PYCOMM_CUDA=1 TORCH_CUDA_ARCH_LIST="9.0" MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 build_start=$(date +%s)
 "$VENV/bin/python" setup.py -q build --build-base build/cuda >build/cuda-build.log 2>&1 || {
   tail -n 60 build/cuda-build.log >&2
