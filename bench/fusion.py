@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 
 import pycomm
+from pycomm.benchmark import median_time
 
 
 def resnet50_shapes():
@@ -36,15 +35,11 @@ def resnet50_shapes():
     return shapes
 
 
-def run_once(grads, comm):
-    from mpi4py import MPI
-
-    comm.Barrier()
-    t0 = time.perf_counter()
+def one_step(grads):
+    """Every gradient submitted in backward order, then all waited for (as DistributedOptimizer does)."""
     handles = [pycomm.allreduce_async(g, op="avg", name=f"grad.{i}") for i, g in reversed(list(enumerate(grads)))]
     for h in handles:
         h.wait()
-    return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
 
 
 def main(argv=None):
@@ -63,11 +58,11 @@ def main(argv=None):
     results = {}
     for mode, threshold in (("fused", default_threshold), ("per tensor", 0)):
         pycomm.set_options(fusion_threshold_bytes=threshold)
-        run_once(grads, comm)  # warm-up (window and buffer allocation)
+        one_step(grads)  # warm-up (window and buffer allocation)
         before = pycomm.stats()
-        times = [run_once(grads, comm) for _ in range(args.reps)]
+        t = median_time(lambda: one_step(grads), comm, args.reps, warmup=0)
         after = pycomm.stats()
-        results[mode] = dict(time_ms=statistics.median(times) * 1e3,
+        results[mode] = dict(time_ms=t * 1e3,
                              rounds_per_step=(after["rounds"] - before["rounds"]) / args.reps)
     pycomm.set_options(fusion_threshold_bytes=default_threshold)
     if comm.rank == 0:

@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from typing import List, Optional, Tuple
 
 import torch
@@ -77,17 +75,10 @@ def crossover_table(best: List[Tuple[int, str]]) -> List[Tuple[int, str]]:
 
 def measure(algorithm: str, nbytes: int, iters: int, comm) -> float:
     import pycomm
-    from mpi4py import MPI
+    from .benchmark import median_time
 
     x = torch.ones(max(1, nbytes // 4))
-    pycomm.allreduce(x, algorithm=algorithm)  # warm-up: windows and buffers
-    times = []
-    for _ in range(iters):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        pycomm.allreduce(x, algorithm=algorithm)
-        times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
-    return statistics.median(times)
+    return median_time(lambda: pycomm.allreduce(x, algorithm=algorithm), comm, iters, warmup=1)
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,41 @@
+"""Timing helpers shared by pycomm's benchmarks, pycomm-tune and pycomm-train's bandwidth table.
+
+Every timing is collective: all ranks call with the same arguments. One
+sample = barrier, run, then the slowest rank's time (MPI MAX). Reports use
+medians of samples and nccl-tests' definitions: algbw = S / t and
+busbw = algbw * 2(N-1)/N.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, List, Optional, Tuple
+
+
+def slowest_rank_times(fn: Callable[[], None], comm, iters: int, warmup: int = 1,
+                       before: Optional[Callable[[], None]] = None) -> List[float]:
+    """Seconds per iteration of `fn`, each the slowest rank's; `before` runs untimed ahead of each."""
+    from mpi4py import MPI
+
+    times = []
+    for i in range(warmup + iters):
+        if before is not None:
+            before()
+        comm.Barrier()
+        t0 = time.perf_counter()
+        fn()
+        dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        if i >= warmup:
+            times.append(dt)
+    return times
+
+
+def median_time(fn: Callable[[], None], comm, iters: int, warmup: int = 1,
+                before: Optional[Callable[[], None]] = None) -> float:
+    return statistics.median(slowest_rank_times(fn, comm, iters, warmup, before))
+
+
+def bandwidth(nbytes: int, seconds: float, world_size: int) -> Tuple[float, float]:
+    """(algbw, busbw) in GB/s for an allreduce of `nbytes` taking `seconds` on `world_size` ranks."""
+    algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
+    return algbw, algbw * 2 * (world_size - 1) / world_size
