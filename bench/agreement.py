@@ -1,0 +1,46 @@
+"""What the cross-rank agreement check costs on small allreduces.
+
+    pycomm-run -np 4 python bench/agreement.py
+
+Times a blocking allreduce (algorithm "mpi") of small tensors with the check
+on (the default: one coordination round of two small point-to-point messages
+per rank) and off, and MPI's own Allreduce through mpi4py beside them.
+Medians of the slowest rank.
+"""
+import argparse
+
+import numpy as np
+import torch
+
+import pycomm
+from pycomm.benchmark import median_time
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--iters", type=int, default=300)
+    args = p.parse_args(argv)
+    pycomm.init()
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    if comm.rank == 0:
+        print(f"# {comm.size} ranks; blocking allreduce, algorithm mpi; median of the slowest rank (us)")
+        print(f"  {'bytes':>7} {'check on':>10} {'check off':>10} {'mpi4py':>10} {'check cost':>11}")
+    for nbytes in (4, 64, 1024, 16384):
+        x = torch.ones(nbytes // 4)
+        a = np.ones(nbytes // 4, dtype=np.float32)
+        t = {}
+        for check in (True, False):
+            pycomm.set_options(check_consistency=check)
+            t[check] = median_time(lambda: pycomm.allreduce(x, algorithm="mpi"), comm, args.iters, warmup=10)
+        pycomm.set_options(check_consistency=True)
+        base = median_time(lambda: comm.Allreduce(MPI.IN_PLACE, a), comm, args.iters, warmup=10)
+        if comm.rank == 0:
+            print(f"  {nbytes:>7} {t[True] * 1e6:>10.1f} {t[False] * 1e6:>10.1f} {base * 1e6:>10.1f} "
+                  f"{(t[True] - t[False]) * 1e6:>+10.1f}")
+    pycomm.shutdown()
+
+
+if __name__ == "__main__":
+    main()
