@@ -7,8 +7,10 @@
 #   1. build pycomm in place with CUDA for sm_90 only;
 #   2. run the kernel tests: the CUDA parameters compare the device kernels
 #      with the numpy references and with the CPU kernels;
-#   3. run bench/kernels.py on the GPU, 1 MiB .. 1 GiB;
-#   4. print the benchmark table last.
+#   3. a 2-rank job on the one GPU through the staged device path
+#      (bench/gpu_staged_check.py), checked against the same calls on CPU;
+#   4. run bench/kernels.py on the GPU, 1 MiB .. 1 GiB;
+#   5. print the benchmark table last.
 # Results also go to $OUT (if set) or build/gpu_check/.
 #
 #   bash bench/gpu_check.sh            # from the repository root
@@ -47,12 +49,20 @@ timeout 150 "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_kernels_cast.
   tests/unit/test_kernels_fusion.py tests/unit/test_kernels_reduce.py -k "cuda" -rs 2>&1 | tee "$RES/tests.txt" | tail -n 25
 tests_rc=${PIPESTATUS[0]}
 
+stamp "2 ranks on one GPU through the staged path, against CPU results"
+MPIRUN="$(dirname "$(command -v "$PY")")/mpirun"
+[ -x "$MPIRUN" ] || MPIRUN="$(command -v mpirun || command -v mpiexec)"
+root_flag=""
+[ "$(id -u)" = 0 ] && "$MPIRUN" --version 2>&1 | grep -q "Open MPI" && root_flag="--allow-run-as-root"
+timeout 90 "$MPIRUN" $root_flag -np 2 "$PY" bench/gpu_staged_check.py 2>&1 | tee "$RES/staged.txt" | tail -n 40
+staged_rc=${PIPESTATUS[0]}
+
 stamp "benchmark on the GPU"
 timeout 120 "$PY" bench/kernels.py --device cuda --max-size 1G --repeats 10 --json "$RES/kernels_cuda.json" \
   >"$RES/bench.txt" 2>&1
 bench_rc=$?
 
-stamp "done: tests rc=$tests_rc, bench rc=$bench_rc"
+stamp "done: tests rc=$tests_rc, staged rc=$staged_rc, bench rc=$bench_rc"
 echo
 cat "$RES/bench.txt"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+[ "$tests_rc" -eq 0 ] && [ "$staged_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
