@@ -4,7 +4,8 @@
 
 Without a CUDA-aware MPI, device tensors travel through the staging pipeline
 (pinned host chunks on two CUDA streams). Every result must equal the CPU
-result bitwise (same host reduction in the same order). Prints one line per
+result bitwise (with two ranks each element is one addition, a + b, whatever the
+chunking). Prints one line per
 case and exits non-zero on any mismatch.
 """
 import sys
