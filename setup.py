@@ -127,6 +127,7 @@ setup(
             "pycomm-run=pycomm.launcher:main",
             "pycomm-train=pycomm.train.__main__:main",
             "pycomm-testbed=pycomm.testbed:main",
+            "pycomm-tune=pycomm.tune:main",
         ]
     },
     zip_safe=False,

@@ -121,6 +121,31 @@ class GlooImpl:
         self.dist.all_reduce(x)
 
 
+def copy_bandwidth(comm, nbytes, iters=5):
+    """Per-rank memcpy bandwidth (bytes read + written per second) with every rank copying at once."""
+    from mpi4py import MPI
+
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(iters):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    return 2 * nbytes / statistics.median(times)
+
+
+def shm_model_seconds(nbytes, local_size, per_rank_copy_bw):
+    """Memory-traffic bound of algorithm 'shm' on one node of L ranks, S bytes, per rank:
+    copy-in (read S + write S), pairwise reduction of its S/L slice with L-1 peers
+    (read 2(L-1)/L S, write (L-1)/L S), copy-out (read S + write S)."""
+    L = local_size
+    traffic = 4 * nbytes + 3 * (L - 1) / L * nbytes
+    return traffic / per_rank_copy_bw
+
+
 def time_impl(impl, comm, nbytes, dtype, iters, warmup):
     from mpi4py import MPI
 
@@ -131,6 +156,10 @@ def time_impl(impl, comm, nbytes, dtype, iters, warmup):
     try:
         impl(x)
     except NotImplementedError:
+        return None
+    except pycomm.CommError as e:  # not available on this topology: the same verdict on every rank
+        if comm.rank == 0:
+            print(f"# skipping {impl.name}: {e}")
         return None
     expected = float(comm.size * (comm.size + 1) // 2)
     if isinstance(impl, CompressedImpl):
@@ -165,7 +194,9 @@ def main(argv=None):
     p.add_argument("--max-bytes", default="256M", type=parse_size)
     p.add_argument("--factor", type=int, default=4, help="size multiplier between rows")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    p.add_argument("--algorithms", default="ring,mpi", help="pycomm algorithms to time (comma list)")
+    p.add_argument("--algorithms", default="ring,shm,mpi",
+                   help="pycomm algorithms to time (comma list of ring, mpi, shm, hierarchical, "
+                        "hierarchical_master, auto)")
     p.add_argument("--baselines", default="mpi4py,gloo", help="baselines to time: mpi4py, gloo (comma list or '')")
     p.add_argument("--compression", default="", help="also time compressed allreduce: fp16, bf16, onebit "
                    "(comma list; float32 input, op=avg)")
@@ -174,8 +205,15 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="a short table: 64 KiB, 1 MiB, 16 MiB")
     p.add_argument("--json", help="write the rows to this file")
     p.add_argument("--plot", help="write busbw against size to this PNG")
+    p.add_argument("--ranks-per-node", type=int, default=0,
+                   help="group ranks into virtual nodes of this size (PYCOMM_RANKS_PER_NODE)")
+    p.add_argument("--model", action="store_true",
+                   help="also measure copy bandwidth with all ranks copying at once and print the memory-traffic "
+                        "bound of 'shm' beside its measurement")
     args = p.parse_args(argv)
 
+    if args.ranks_per_node:
+        os.environ["PYCOMM_RANKS_PER_NODE"] = str(args.ranks_per_node)
     pycomm.init()
     from mpi4py import MPI
 
@@ -224,9 +262,31 @@ def main(argv=None):
         if base:
             print(f"# busbw ratio to {base} at the largest size:", ", ".join(
                 f"{k} {v / by_size[max(by_size)][base]:.2f}x" for k, v in by_size[max(by_size)].items() if k != base))
+    if args.model:
+        topo = pycomm.topology()
+        model_rows = []
+        for nbytes in size_list:
+            bw = copy_bandwidth(comm, nbytes)
+            bound = shm_model_seconds(nbytes, topo.local_size, bw)
+            shm = [r for r in rows if r["impl"] == "shm" and r["size"] == nbytes]
+            model_rows.append(dict(size=nbytes, copy_GBps_per_rank=bw / 1e9, shm_bound_us=bound * 1e6,
+                                   shm_us=shm[0]["time_us"] if shm else None))
+        if comm.rank == 0:
+            print(f"# memory-traffic model of 'shm' ({topo.local_size} ranks per node; per rank 4S + 3(L-1)/L S "
+                  f"bytes at the copy bandwidth every rank gets while all copy at once)")
+            print(f"# {'size':>10} {'copy GB/s/rank':>15} {'bound_us':>11} {'shm_us':>11} {'bound/shm':>10}")
+            for m in model_rows:
+                eff = f"{m['shm_bound_us'] / m['shm_us']:.2f}" if m["shm_us"] else "-"
+                shm_us = f"{m['shm_us']:.1f}" if m["shm_us"] else "-"
+                print(f"  {human(m['size']):>10} {m['copy_GBps_per_rank']:>15.2f} {m['shm_bound_us']:>11.1f} "
+                      f"{shm_us:>11} {eff:>10}")
+        rows_out = dict(rows=rows, model=model_rows)
+    else:
+        rows_out = rows
+    if comm.rank == 0:
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
+                json.dump(rows_out, f, indent=1)
         if args.plot:
             plot(rows, args.plot, comm.size)
     bad = sum(r["wrong"] for r in rows)

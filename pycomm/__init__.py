@@ -20,6 +20,7 @@ from .collectives import (
     barrier,
     broadcast,
     broadcast_async,
+    resolve_algorithm,
 )
 from .optimizer import (
     SUPPORTED_COMPRESSION,
@@ -44,6 +45,7 @@ from .runtime import (
     set_options,
     shutdown,
     size,
+    stats,
     topology,
     world_comm,
 )
@@ -58,5 +60,5 @@ __all__ = [
     "broadcast_optimizer_state", "broadcast_parameters", "Topology", "allgather", "allgather_async", "allreduce", "allreduce_async",
     "barrier", "broadcast", "broadcast_async", "cross_comm", "cuda_built", "get_options", "init",
     "is_initialized", "local_comm", "local_rank", "local_size", "node_rank", "num_nodes", "rank",
-    "set_options", "shutdown", "size", "topology", "world_comm",
+    "resolve_algorithm", "set_options", "shutdown", "size", "stats", "topology", "world_comm",
 ]

@@ -19,7 +19,7 @@ Handle = _C.Handle
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
 REDUCE_OPS = ("sum", "avg", "min", "max")
-ALLREDUCE_ALGORITHMS = ("auto", "ring", "mpi")
+ALLREDUCE_ALGORITHMS = ("auto", "ring", "mpi", "shm", "hierarchical", "hierarchical_master")
 COMPRESSIONS = ("none", "fp16", "bf16", "onebit")  # pycomm/compression.py; more via compression.register()
 
 
@@ -61,8 +61,12 @@ def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "aut
 
     op: sum | avg | min | max. avg of fp16/bf16 divides by N before summing
     (a sum of large fp16 values overflows before a later division could help).
-    algorithm: auto (MPI's Allreduce below PYCOMM_AUTO_RING_MIN_BYTES, ring
-    above) | ring (pycomm's pipelined ring) | mpi (MPI_Allreduce).
+    algorithm: auto (by size and topology, see ``pycomm.resolve_algorithm``) |
+    ring (pycomm's pipelined ring) | mpi (MPI_Allreduce) | shm (one node,
+    through shared memory) | hierarchical (intra-node reduce-scatter, one
+    inter-node ring per local rank, intra-node allgather) |
+    hierarchical_master (reduce to each node's rank 0, ring among those,
+    broadcast back).
     out: result tensor of the same shape and dtype; None reduces in place.
     compression: none | fp16 | bf16 | onebit (float32 tensors, op avg or sum,
     algorithm auto; onebit needs a name) or a pycomm.compression.Compressor;
@@ -132,6 +136,14 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None) -> Handle:
 def allgather(tensor: torch.Tensor, name: Optional[str] = None) -> torch.Tensor:
     """Concatenate every rank's `tensor` along dim 0, in rank order."""
     return allgather_async(tensor, name).wait()
+
+
+def resolve_algorithm(algorithm: str, nbytes: int) -> str:
+    """The algorithm `algorithm` stands for with a message of `nbytes` on this job's topology."""
+    topology()
+    if algorithm not in ALLREDUCE_ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALLREDUCE_ALGORITHMS)}")
+    return _C.resolve_algorithm(algorithm, int(nbytes))
 
 
 def barrier() -> None:

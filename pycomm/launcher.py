@@ -12,6 +12,8 @@ before running it:
 - ``OMP_NUM_THREADS`` = cores / ranks (at least 1) unless already set, so the
   ranks' OpenMP kernels do not oversubscribe the machine.
 - ``PYCOMM_*`` variables of the caller's environment are forwarded to every rank.
+- Open MPI on one host: ``--bind-to none`` (OpenMP threads may use every core
+  given) and ``--mca osc ^ucx`` (no UCX network on one host).
 """
 from __future__ import annotations
 
@@ -87,6 +89,9 @@ def build_command(np: int, command: Sequence[str], *, launcher: str, flavour: st
             cmd += ["--hostfile", hostfile]
         else:
             cmd += ["--bind-to", "none"]  # let each rank's OpenMP threads use the cores it was given
+            # One host has no UCX network; the UCX one-sided component only prints an error
+            # when shared-memory windows are created (they use the sm component).
+            cmd += ["--mca", "osc", "^ucx"]
         for key, value in sorted(forward.items()):
             cmd += ["-x", f"{key}={value}"]
     else:  # MPICH / hydra

@@ -36,6 +36,7 @@ class _State:
     world = None  # mpi4py communicators, private to pycomm
     local = None
     cross = None
+    control = None
 
 
 _state = _State()
@@ -95,6 +96,8 @@ def init(ranks_per_node: Optional[int] = None) -> Topology:
 
     world = MPI.COMM_WORLD.Dup()
     world.Set_name("pycomm.world")
+    control = world.Dup()  # coordination messages only
+    control.Set_name("pycomm.control")
     if ranks_per_node is None:
         ranks_per_node = _env_int("PYCOMM_RANKS_PER_NODE", 0)
     if ranks_per_node < 0:
@@ -125,13 +128,16 @@ def init(ranks_per_node: Optional[int] = None) -> Topology:
         virtual_nodes=virtual,
     )
     _C.engine_start(
-        world.py2f(), local.py2f(), cross.py2f(),
-        topo.rank, topo.size, topo.local_rank, topo.local_size, topo.node_rank, topo.num_nodes,
-        _env_int("PYCOMM_RING_CHUNK_BYTES", 1 << 19),
-        _env_int("PYCOMM_AUTO_RING_MIN_BYTES", 1 << 16),
-        _env_bool("PYCOMM_CHECK_CONSISTENCY", True),
+        world.py2f(), local.py2f(), cross.py2f(), control.py2f(),
+        topo.rank, topo.size, topo.local_rank, topo.local_size, topo.node_rank, topo.num_nodes, topo.homogeneous,
+        options_from_env(),
     )
-    _state.world, _state.local, _state.cross, _state.topology = world, local, cross, topo
+    _state.world, _state.local, _state.cross, _state.control, _state.topology = world, local, cross, control, topo
+    from .tune import load_table
+
+    table = load_table(topo)  # measured crossovers for algorithm="auto", if pycomm-tune stored some
+    if table:
+        _C.set_options({"auto_table": table})
     atexit.register(shutdown)
     return topo
 
@@ -143,9 +149,9 @@ def shutdown() -> None:
     _C.engine_stop()
     MPI = mpi()
     if not MPI.Is_finalized():
-        for c in (_state.cross, _state.local, _state.world):
+        for c in (_state.control, _state.cross, _state.local, _state.world):
             c.Free()
-    _state.world = _state.local = _state.cross = _state.topology = None
+    _state.world = _state.local = _state.cross = _state.control = _state.topology = None
 
 
 def is_initialized() -> bool:
@@ -205,24 +211,70 @@ def cross_comm():
     return _state.cross
 
 
-def set_options(*, ring_chunk_bytes: Optional[int] = None, auto_ring_min_bytes: Optional[int] = None,
-                check_consistency: Optional[bool] = None) -> None:
-    """Change engine options; they apply from the next collective on.
+# Engine options: name -> (environment variable, type, default, meaning).
+OPTIONS = {
+    "ring_chunk_bytes": ("PYCOMM_RING_CHUNK_BYTES", int, 1 << 19,
+                         "pipeline chunk of the ring allreduce"),
+    "auto_ring_min_bytes": ("PYCOMM_AUTO_RING_MIN_BYTES", int, 1 << 16,
+                            "below this, algorithm='auto' uses MPI's Allreduce"),
+    "check_consistency": ("PYCOMM_CHECK_CONSISTENCY", bool, True,
+                          "compare every call across ranks; disagreements raise CommError everywhere"),
+    "fusion_threshold_bytes": ("PYCOMM_FUSION_THRESHOLD", int, 64 << 20,
+                               "fuse queued allreduces into buffers up to this size (0: no fusion)"),
+    "cycle_time_ms": ("PYCOMM_CYCLE_TIME_MS", float, 2.0,
+                      "how long a queued allreduce waits for others to fuse with"),
+    "stall_warning_s": ("PYCOMM_STALL_WARNING_S", float, 60.0,
+                        "report ranks that have not joined an operation after this long (0: never)"),
+    "stall_abort_s": ("PYCOMM_STALL_ABORT_S", float, 0.0,
+                      "abort the job when an operation waits this long (0: never)"),
+    "staging_chunk_bytes": ("PYCOMM_STAGING_CHUNK_BYTES", int, 4 << 20,
+                            "device data without CUDA-aware MPI travels through pinned host chunks of this size"),
+    "force_staging": ("PYCOMM_FORCE_STAGING", bool, False,
+                      "send host tensors through the staging pipeline too (exercises it without a GPU)"),
+}
 
-    check_consistency: exchange a small signature (kind, dtype, shape, op,
-    algorithm) before each collective so that ranks that disagree all raise an
-    error naming the disagreement instead of hanging. One extra small
-    allgather per call; on by default.
+
+def options_from_env() -> dict:
+    out = {}
+    for name, (env, kind, default, _) in OPTIONS.items():
+        if kind is bool:
+            out[name] = _env_bool(env, default)
+        elif kind is int:
+            out[name] = _env_int(env, default)
+        else:
+            raw = os.environ.get(env)
+            try:
+                out[name] = default if raw in (None, "") else float(raw)
+            except ValueError:
+                raise ValueError(f"{env}={raw!r} is not a number") from None
+        if kind is not bool and out[name] < 0:
+            raise ValueError(f"{env} must not be negative, got {out[name]}")
+    return out
+
+
+def set_options(**options) -> None:
+    """Change engine options on this rank; they apply from the next operation on.
+
+    Set them identically on every rank (fusion and the agreement check are
+    coordinated). Names, environment variables and meanings: ``pycomm.runtime.OPTIONS``.
     """
     topology()
-    cur = _C.get_options()
-    _C.set_options(
-        cur["ring_chunk_bytes"] if ring_chunk_bytes is None else int(ring_chunk_bytes),
-        cur["auto_ring_min_bytes"] if auto_ring_min_bytes is None else int(auto_ring_min_bytes),
-        cur["check_consistency"] if check_consistency is None else bool(check_consistency),
-    )
+    for name, value in options.items():
+        if name == "auto_table":
+            continue
+        if name not in OPTIONS:
+            raise ValueError(f"unknown option {name!r}; known: {', '.join(OPTIONS)}")
+        if OPTIONS[name][1] is not bool and value < 0:
+            raise ValueError(f"option {name} must not be negative, got {value}")
+    _C.set_options({k: (v if k == "auto_table" else OPTIONS[k][1](v)) for k, v in options.items()})
 
 
 def get_options() -> dict:
     topology()
     return dict(_C.get_options())
+
+
+def stats() -> dict:
+    """Engine counters: operations completed, coordination rounds, tensors that ran fused."""
+    topology()
+    return dict(_C.stats())

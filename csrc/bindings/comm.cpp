@@ -1,8 +1,13 @@
+#include <algorithm>
 #include <memory>
 #include <mutex>
 
 #include "../comm/engine.h"
+#include "../comm/memory_mover.h"
 #include "bindings.h"
+#ifdef PYCOMM_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace py = pybind11;
 
@@ -28,10 +33,49 @@ comm::ReduceOp parse_op(const std::string& op) {
 }
 
 comm::Algorithm parse_algorithm(const std::string& a) {
-  if (a == "auto") return comm::Algorithm::AUTO;
-  if (a == "ring") return comm::Algorithm::RING;
-  if (a == "mpi") return comm::Algorithm::MPI;
-  throw py::value_error("unknown allreduce algorithm '" + a + "'; choose auto, ring or mpi");
+  for (int i = 0; i <= static_cast<int>(comm::Algorithm::HIERARCHICAL_MASTER); ++i)
+    if (a == comm::algorithm_name(static_cast<comm::Algorithm>(i))) return static_cast<comm::Algorithm>(i);
+  throw py::value_error("unknown allreduce algorithm '" + a +
+                        "'; choose auto, ring, mpi, shm, hierarchical or hierarchical_master");
+}
+
+comm::EngineOptions options_from(const py::dict& d, comm::EngineOptions o) {
+  if (d.contains("ring_chunk_bytes")) o.ring_chunk_bytes = d["ring_chunk_bytes"].cast<size_t>();
+  if (d.contains("auto_ring_min_bytes")) o.auto_ring_min_bytes = d["auto_ring_min_bytes"].cast<size_t>();
+  if (d.contains("check_consistency")) o.check_consistency = d["check_consistency"].cast<bool>();
+  if (d.contains("fusion_threshold_bytes")) o.fusion_threshold_bytes = d["fusion_threshold_bytes"].cast<size_t>();
+  if (d.contains("cycle_time_ms")) o.cycle_time_ms = d["cycle_time_ms"].cast<double>();
+  if (d.contains("stall_warning_s")) o.stall.warning_s = d["stall_warning_s"].cast<double>();
+  if (d.contains("stall_abort_s")) o.stall.abort_s = d["stall_abort_s"].cast<double>();
+  if (d.contains("staging_chunk_bytes")) o.staging_chunk_bytes = d["staging_chunk_bytes"].cast<size_t>();
+  if (d.contains("force_staging")) o.force_staging = d["force_staging"].cast<bool>();
+  if (d.contains("auto_table")) {
+    o.auto_table.clear();
+    for (auto item : d["auto_table"].cast<py::list>()) {
+      auto pair = item.cast<py::tuple>();
+      o.auto_table.emplace_back(pair[0].cast<size_t>(), parse_algorithm(pair[1].cast<std::string>()));
+    }
+    std::sort(o.auto_table.begin(), o.auto_table.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+  }
+  return o;
+}
+
+py::dict options_to(const comm::EngineOptions& o) {
+  py::dict d;
+  d["ring_chunk_bytes"] = o.ring_chunk_bytes;
+  d["auto_ring_min_bytes"] = o.auto_ring_min_bytes;
+  d["check_consistency"] = o.check_consistency;
+  d["fusion_threshold_bytes"] = o.fusion_threshold_bytes;
+  d["cycle_time_ms"] = o.cycle_time_ms;
+  d["stall_warning_s"] = o.stall.warning_s;
+  d["stall_abort_s"] = o.stall.abort_s;
+  d["staging_chunk_bytes"] = o.staging_chunk_bytes;
+  d["force_staging"] = o.force_staging;
+  py::list table;
+  for (const auto& e : o.auto_table) table.append(py::make_tuple(e.first, comm::algorithm_name(e.second)));
+  d["auto_table"] = table;
+  return d;
 }
 
 // What Python holds for an asynchronous collective. The tensors stay alive in
@@ -71,7 +115,18 @@ class Handle {
   at::Tensor result_;
 };
 
+// The engine reads device tensors from its own streams: first let the work
+// already queued on torch's current stream (which produced them) finish.
+void sync_producer(const at::Tensor& t) {
+#ifdef PYCOMM_WITH_CUDA
+  if (t.is_cuda()) c10::cuda::getCurrentCUDAStream(t.get_device()).synchronize();
+#else
+  (void)t;
+#endif
+}
+
 std::shared_ptr<void> keep(std::vector<at::Tensor> tensors) {
+  for (const auto& t : tensors) sync_producer(t);
   return std::make_shared<std::vector<at::Tensor>>(std::move(tensors));
 }
 
@@ -146,8 +201,8 @@ void register_comm(py::module_& m) {
 
   m.def(
       "engine_start",
-      [](int64_t world, int64_t local, int64_t cross, int rank, int size, int local_rank, int local_size, int node_rank,
-         int num_nodes, size_t ring_chunk_bytes, size_t auto_ring_min_bytes, bool check_consistency) {
+      [](int64_t world, int64_t local, int64_t cross, int64_t control, int rank, int size, int local_rank,
+         int local_size, int node_rank, int num_nodes, bool homogeneous, const py::dict& options) {
         std::lock_guard<std::mutex> lock(g_engine_mu);
         if (g_engine) throw comm::CommError("pycomm engine already started");
         comm::Topology t;
@@ -160,11 +215,8 @@ void register_comm(py::module_& m) {
         t.local_size = local_size;
         t.node_rank = node_rank;
         t.num_nodes = num_nodes;
-        comm::EngineOptions o;
-        o.ring_chunk_bytes = ring_chunk_bytes;
-        o.auto_ring_min_bytes = auto_ring_min_bytes;
-        o.check_consistency = check_consistency;
-        g_engine = std::make_unique<comm::Engine>(t, o);
+        g_engine = std::make_unique<comm::Engine>(t, MPI_Comm_f2c(static_cast<MPI_Fint>(control)), homogeneous,
+                                                  options_from(options, comm::EngineOptions()));
       },
       "Start the engine on communicators given as Fortran handles (mpi4py's Comm.py2f()).");
   m.def("engine_stop", [] {
@@ -173,22 +225,21 @@ void register_comm(py::module_& m) {
     g_engine.reset();  // drains the queue, joins the worker
   });
   m.def("engine_running", [] { return static_cast<bool>(g_engine); });
-  m.def("set_options", [](size_t ring_chunk_bytes, size_t auto_ring_min_bytes, bool check_consistency) {
-    comm::EngineOptions o = engine().options();
-    o.ring_chunk_bytes = ring_chunk_bytes;
-    o.auto_ring_min_bytes = auto_ring_min_bytes;
-    o.check_consistency = check_consistency;
-    engine().set_options(o);
-  });
-  m.def("get_options", [] {
-    comm::EngineOptions o = engine().options();
+  m.def("mpi_cuda_aware", [] { return comm::mpi_is_cuda_aware(); },
+        "Whether MPI reads CUDA device memory itself (else device data is staged through pinned host buffers).");
+  m.def("set_options", [](const py::dict& d) { engine().set_options(options_from(d, engine().options())); });
+  m.def("get_options", [] { return options_to(engine().options()); });
+  m.def("stats", [] {
+    auto s = engine().stats();
     py::dict d;
-    d["ring_chunk_bytes"] = o.ring_chunk_bytes;
-    d["auto_ring_min_bytes"] = o.auto_ring_min_bytes;
-    d["check_consistency"] = o.check_consistency;
+    d["operations"] = s.operations;
+    d["rounds"] = s.rounds;
+    d["fused_tensors"] = s.fused_tensors;
     return d;
   });
-  m.def("completed_operations", [] { return engine().completed(); });
+  m.def("resolve_algorithm", [](const std::string& algorithm, size_t bytes) {
+    return std::string(comm::algorithm_name(engine().resolve(parse_algorithm(algorithm), bytes, engine().options())));
+  }, "The algorithm that `algorithm` (e.g. 'auto') means for a message of `bytes` on this topology.");
 
   m.def("allreduce_async", &allreduce_async, py::arg("input"), py::arg("output"), py::arg("op"), py::arg("average"),
         py::arg("algorithm"), py::arg("name") = "", py::arg("blocking") = false);

@@ -31,3 +31,50 @@ std::vector<size_t> allgatherv(const void* send, size_t rows, size_t row_bytes, 
 
 }  // namespace comm
 }  // namespace pycomm
+
+namespace pycomm {
+namespace comm {
+
+class ShmWindow;
+
+// Tensors fused into one allreduce (same dtype), packed back to back in order.
+struct FusedTensors {
+  std::vector<const void*> srcs;
+  std::vector<void*> dsts;
+  std::vector<size_t> counts;
+  DType dtype = DType::F32;
+  int world_size = 1;
+};
+
+// Fused allreduce whose fusion buffer is this rank's shared-memory segment:
+// packing is the copy-in and unpacking the copy-out, so fusing costs no extra
+// pass over memory. With `cross` (one node's shard ring across nodes) it is
+// the hierarchical allreduce; with MPI_COMM_NULL the one-node shm allreduce.
+// `pre_divide` scales by 1/N before reducing (fp16/bf16 averages);
+// `unpack_scale` is applied on the way out (1/N for other averages).
+void windowed_fused_allreduce(const FusedTensors& tensors, ReduceOp op, bool pre_divide, double unpack_scale,
+                              ShmWindow& shm, MPI_Comm cross, size_t chunk_bytes);
+
+// Intra-node allreduce through a shared-memory window. Per rank, with L ranks
+// on the node and S bytes: copy-in (read S, write S), reduce its 1/L slice
+// straight from the L segments (read 2(L-1)/L S, write (L-1)/L S), copy the
+// L reduced slices out (read S, write S); three node barriers.
+void shm_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm);
+
+// Hierarchical allreduce over M nodes x L ranks (Horovod's form): intra-node
+// reduce-scatter through shared memory, then L concurrent inter-node
+// allreduces, one per local rank on its 1/L shard over `cross`, then the
+// intra-node allgather. Slow-link latency 2(M-1) alpha instead of 2(N-1) alpha.
+// `cross_ring` picks pycomm's ring (true) or MPI_Allreduce (false) between nodes.
+void hierarchical_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, MPI_Comm cross, bool cross_ring,
+                            size_t chunk_bytes);
+
+// Group-master form (Jia et al. 2018): reduce inside the node to local rank 0,
+// allreduce among the node masters over `masters` (the cross communicator of
+// local rank 0; MPI_COMM_NULL elsewhere), broadcast inside the node. Only the
+// masters use the inter-node link, each carrying the whole S.
+void hierarchical_master_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, MPI_Comm masters,
+                                   bool cross_ring, size_t chunk_bytes);
+
+}  // namespace comm
+}  // namespace pycomm

@@ -1,21 +1,28 @@
 #include "engine.h"
 
+#include <algorithm>
 #include <cstring>
-#include <sstream>
 
+#include "../kernels/fusion.h"
 #include "../kernels/reduce.h"
 #include "algorithms.h"
 #include "mpi_types.h"
-#include "signature.h"
+#include "shm_window.h"
+#include "staging.h"
 
 namespace pycomm {
 namespace comm {
+
+constexpr size_t kMaxFusedOps = 128;  // tensors per fused batch (bounds the coordination message)
 
 const char* algorithm_name(Algorithm a) {
   switch (a) {
     case Algorithm::AUTO: return "auto";
     case Algorithm::RING: return "ring";
     case Algorithm::MPI: return "mpi";
+    case Algorithm::SHM: return "shm";
+    case Algorithm::HIERARCHICAL: return "hierarchical";
+    case Algorithm::HIERARCHICAL_MASTER: return "hierarchical_master";
   }
   return "unknown";
 }
@@ -41,8 +48,11 @@ void Work::finish(std::exception_ptr error) {
   cv_.notify_all();
 }
 
-Engine::Engine(const Topology& topo, const EngineOptions& options) : topo_(topo), options_(options) {
+Engine::Engine(const Topology& topo, MPI_Comm control, bool homogeneous, const EngineOptions& options)
+    : topo_(topo), homogeneous_(homogeneous), options_(options), active_(options), coordinator_(control),
+      staging_(std::make_unique<StagingBuffers>()) {
   mpi_types_init();
+  cuda_aware_ = mpi_is_cuda_aware();
   worker_ = std::thread([this] { loop(); });
 }
 
@@ -53,17 +63,11 @@ Engine::~Engine() {
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  shm_.reset();  // collective over the node: every rank shuts down
+  staging_.reset();  // before the movers that own its memory
+  cuda_movers_.clear();
+  host_mover_.reset();
   mpi_types_finalize();
-}
-
-void Engine::set_options(const EngineOptions& options) {
-  std::lock_guard<std::mutex> lock(mu_);
-  options_ = options;
-}
-
-uint64_t Engine::completed() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return completed_;
 }
 
 EngineOptions Engine::options() const {
@@ -71,56 +75,263 @@ EngineOptions Engine::options() const {
   return options_;
 }
 
-WorkPtr Engine::submit(std::string description, std::shared_ptr<void> keepalive, std::function<void()> body,
-                       bool inline_if_idle) {
-  auto work = std::make_shared<Work>(std::move(description), std::move(keepalive));
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (stopping_) throw CommError("pycomm engine is shutting down");
-    if (!(inline_if_idle && queue_.empty() && !busy_)) {
-      queue_.emplace_back(work, std::move(body));
-      lock.unlock();
-      cv_.notify_all();
-      return work;
-    }
+void Engine::set_options(const EngineOptions& options) {
+  std::lock_guard<std::mutex> lock(mu_);
+  options_ = options;
+}
+
+Engine::Stats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stats s = stats_;
+  s.rounds = coordinator_.rounds();
+  return s;
+}
+
+ShmWindow& Engine::shm() {
+  if (!shm_) shm_ = std::make_unique<ShmWindow>(topo_.local);
+  return *shm_;
+}
+
+// ---------------------------------------------------------------- queueing
+
+WorkPtr Engine::enqueue(Op op, bool inline_if_idle) {
+  op.submitted = std::chrono::steady_clock::now();
+  WorkPtr work = op.work;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stopping_) throw CommError("pycomm engine is shutting down");
+  if (inline_if_idle && queue_.empty() && !busy_) {
     busy_ = true;
     active_ = options_;
+    lock.unlock();
+    std::vector<Op*> batch{&op};
+    execute(batch);
+    lock.lock();
+    busy_ = false;
+    lock.unlock();
+    cv_.notify_all();
+    return work;
   }
-  run_item(work, body);
+  queue_.push_back(std::move(op));
+  lock.unlock();
+  cv_.notify_all();
   return work;
 }
 
-void Engine::run_item(const WorkPtr& work, const std::function<void()>& body) {
-  std::exception_ptr error;
-  try {
-    body();
-  } catch (...) {
-    error = std::current_exception();
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++completed_;
-    busy_ = false;
-  }
-  cv_.notify_all();
-  work->finish(error);
+bool Engine::compatible(const Op& head, const Op& next) const {
+  const AllreduceArgs &a = head.allreduce, &b = next.allreduce;
+  return next.fusable && a.input.dtype == b.input.dtype && a.op == b.op && a.average == b.average &&
+         a.algorithm == b.algorithm && b.input.bytes() <= active_.fusion_threshold_bytes;
 }
 
 void Engine::loop() {
   for (;;) {
-    std::pair<WorkPtr, std::function<void()>> item;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return (stopping_ && !busy_) || (!queue_.empty() && !busy_); });
-      if (queue_.empty()) return;  // stopping, and everything submitted has run
-      item = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
-      active_ = options_;  // options are read only between operations
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return !busy_ && (!queue_.empty() || stopping_); });
+    if (queue_.empty()) return;  // stopping, and everything submitted has run
+    busy_ = true;
+    active_ = options_;
+
+    const bool fusion = active_.fusion_threshold_bytes > 0 && active_.cycle_time_ms > 0 && queue_.front().fusable &&
+                        queue_.front().allreduce.input.bytes() <= active_.fusion_threshold_bytes;
+    // The fusable run at the head of the queue: compatible allreduces up to the threshold.
+    auto take_batch = [&](std::vector<Op*>* batch) {
+      size_t bytes = 0;
+      for (auto& op : queue_) {
+        if (batch && batch->size() == (fusion ? kMaxFusedOps : 1)) return false;
+        if (&op != &queue_.front() && !(fusion && compatible(queue_.front(), op))) return false;
+        size_t b = op.fusable ? op.allreduce.input.bytes() : 0;
+        if (&op != &queue_.front() && bytes + b > active_.fusion_threshold_bytes) return false;
+        bytes += b;
+        if (batch) batch->push_back(&op);
+      }
+      return fusion && bytes < active_.fusion_threshold_bytes && queue_.size() < kMaxFusedOps;
+    };
+    if (fusion) {  // give the head a cycle to gather company
+      auto deadline = queue_.front().submitted +
+                      std::chrono::microseconds(static_cast<int64_t>(active_.cycle_time_ms * 1000.0));
+      cv_.wait_until(lock, deadline, [&] { return stopping_ || !take_batch(nullptr); });
     }
-    run_item(item.first, item.second);
+    std::vector<Op*> batch;
+    take_batch(&batch);
+    lock.unlock();
+
+    size_t ran = execute(batch);
+
+    lock.lock();
+    for (size_t i = 0; i < ran; ++i) queue_.pop_front();
+    busy_ = false;
+    lock.unlock();
+    cv_.notify_all();
   }
 }
+
+size_t Engine::execute(std::vector<Op*>& batch) {
+  // Coordination is needed to compare the calls, and to fuse: ranks may have
+  // different numbers of tensors ready. Whether to coordinate depends only on
+  // the operation and the options, so every rank makes the same choice.
+  const bool fusion_possible = batch.front()->fusable && active_.fusion_threshold_bytes > 0 && active_.cycle_time_ms > 0;
+  const bool coordinate = active_.check_consistency || fusion_possible;
+  size_t count = 1;
+  std::exception_ptr error;
+  try {
+    if (coordinate) {
+      std::vector<Signature> proposal;
+      proposal.reserve(batch.size());
+      for (Op* op : batch) proposal.push_back(op->sig);
+      const char* what = batch.front()->fusable ? "pycomm.allreduce" : "pycomm";
+      count = coordinator_.agree(proposal, what, active_.stall);
+    }
+  } catch (...) {
+    error = std::current_exception();
+    count = 1;
+  }
+  if (!error) {
+    try {
+      if (count == 1) {
+        Op* op = batch.front();
+        if (op->fusable) run_allreduce(op->allreduce);
+        else op->body();
+      } else {
+        run_fused(std::vector<Op*>(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(count)));
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.operations += count;
+    if (count > 1) stats_.fused_tensors += count;
+  }
+  for (size_t i = 0; i < count; ++i) batch[i]->work->finish(error);
+  return count;
+}
+
+// ---------------------------------------------------------------- allreduce
+
+Algorithm Engine::resolve(Algorithm requested, size_t bytes, const EngineOptions& o) const {
+  if (requested != Algorithm::AUTO) return requested;
+  for (const auto& entry : o.auto_table)
+    if (bytes <= entry.first) return entry.second;
+  if (bytes < o.auto_ring_min_bytes) return Algorithm::MPI;
+  if (topo_.num_nodes > 1 && homogeneous_ && topo_.local_size > 1) return Algorithm::HIERARCHICAL;
+  if (topo_.num_nodes == 1 && topo_.size > 1) return Algorithm::SHM;
+  return Algorithm::RING;
+}
+
+MemoryMover& Engine::mover_for(const Buffer& buf) {
+  if (buf.device == Device::CPU) {
+    if (!host_mover_) host_mover_ = std::make_unique<HostMover>();
+    return *host_mover_;
+  }
+  const size_t d = static_cast<size_t>(std::max(buf.device_index, 0));
+  if (cuda_movers_.size() <= d) cuda_movers_.resize(d + 1);
+  if (!cuda_movers_[d]) cuda_movers_[d] = make_cuda_mover(static_cast<int>(d));
+  return *cuda_movers_[d];
+}
+
+void Engine::run_allreduce(const AllreduceArgs& a) {
+  if (a.input.device != Device::CPU || active_.force_staging) return run_staged_allreduce(a);
+  run_host_allreduce(a);
+}
+
+// Device memory with an MPI that cannot touch it (or any memory, when forced
+// for testing): chunks go down to pinned host buffers, are reduced across
+// ranks on the host by the chosen algorithm, and go back up.
+void Engine::run_staged_allreduce(const AllreduceArgs& a) {
+  if (a.input.count == 0) return;
+  MemoryMover& mover = mover_for(a.input);
+  staged_allreduce(a.input, a.output, mover, *staging_, active_.staging_chunk_bytes, [&](const Buffer& chunk) {
+    AllreduceArgs h = a;
+    h.input = h.output = chunk;
+    run_host_allreduce(h);
+  });
+}
+
+void Engine::run_host_allreduce(const AllreduceArgs& a) {
+  const Buffer& out = a.output;
+  if (out.data != a.input.data && a.input.count) std::memcpy(out.data, a.input.data, a.input.bytes());
+  if (out.count == 0 || topo_.size == 1) return;
+
+  const Algorithm algo = resolve(a.algorithm, out.bytes(), active_);
+  // Check what the topology allows before any data moves (same verdict on every rank).
+  if (algo == Algorithm::SHM && topo_.num_nodes > 1)
+    throw CommError("allreduce algorithm 'shm' reduces within one node, but this job spans " +
+                    std::to_string(topo_.num_nodes) + " nodes; use 'hierarchical' or 'ring'");
+  if ((algo == Algorithm::HIERARCHICAL || algo == Algorithm::HIERARCHICAL_MASTER) && !homogeneous_)
+    throw CommError(std::string("allreduce algorithm '") + algorithm_name(algo) +
+                    "' needs the same number of ranks on every node; this job's nodes differ in size "
+                    "(use 'ring' or 'mpi', or set PYCOMM_RANKS_PER_NODE to a divisor of the job size)");
+
+  // Averages of fp16/bf16 are pre-divided: a sum of N values near the top of
+  // the fp16 range overflows before the division could rescue it.
+  const bool half = out.dtype == DType::F16 || out.dtype == DType::BF16;
+  const double inv_n = 1.0 / static_cast<double>(topo_.size);
+  if (a.average && half) kernels::scale_cpu(out.data, out.count, out.dtype, inv_n);
+
+  switch (algo) {
+    case Algorithm::RING: ring_allreduce(out, a.op, topo_.world, active_.ring_chunk_bytes); break;
+    case Algorithm::MPI: mpi_allreduce(out, a.op, topo_.world); break;
+    case Algorithm::SHM: shm_allreduce(out, a.op, shm()); break;
+    case Algorithm::HIERARCHICAL:
+      hierarchical_allreduce(out, a.op, shm(), topo_.cross, true, active_.ring_chunk_bytes);
+      break;
+    case Algorithm::HIERARCHICAL_MASTER:
+      hierarchical_master_allreduce(out, a.op, shm(), topo_.local_rank == 0 ? topo_.cross : MPI_COMM_NULL, true,
+                                    active_.ring_chunk_bytes);
+      break;
+    default: throw CommError("allreduce: unknown algorithm");
+  }
+  if (a.average && !half) kernels::scale_cpu(out.data, out.count, out.dtype, inv_n);
+}
+
+void Engine::run_fused(const std::vector<Op*>& ops) {
+  const AllreduceArgs& head = ops.front()->allreduce;
+  const DType dtype = head.input.dtype;
+  std::vector<const void*> srcs;
+  std::vector<void*> dsts;
+  std::vector<size_t> counts;
+  size_t total = 0;
+  for (const Op* op : ops) {
+    srcs.push_back(op->allreduce.input.data);
+    dsts.push_back(op->allreduce.output.data);
+    counts.push_back(op->allreduce.input.count);
+    total += op->allreduce.input.count;
+  }
+  const size_t bytes = total * kernels::dtype_size(dtype);
+  const bool half = dtype == DType::F16 || dtype == DType::BF16;
+  const Algorithm algo = resolve(head.algorithm, bytes, active_);
+  const bool one_node_shm = algo == Algorithm::SHM && topo_.num_nodes == 1;
+  const bool hier = algo == Algorithm::HIERARCHICAL && homogeneous_;
+  if (!active_.force_staging && topo_.size > 1 && topo_.local_size > 1 && (one_node_shm || hier)) {
+    FusedTensors t;
+    t.srcs = srcs;
+    t.dsts = dsts;
+    t.counts = counts;
+    t.dtype = dtype;
+    t.world_size = topo_.size;
+    const double scale = head.average && !half ? 1.0 / static_cast<double>(topo_.size) : 1.0;
+    windowed_fused_allreduce(t, head.op, head.average && half, scale, shm(), hier ? topo_.cross : MPI_COMM_NULL,
+                             active_.ring_chunk_bytes);
+    return;
+  }
+  if (fusion_buffer_.size() < bytes) fusion_buffer_.resize(bytes);
+  // One pack in batch order (the same on every rank), one allreduce, one
+  // unpack with the average's 1/N fused in (fp16/bf16 are pre-divided instead).
+  kernels::fusion_pack_cpu(srcs.data(), counts.data(), counts.size(), fusion_buffer_.data(), dtype);
+  AllreduceArgs fused = head;
+  fused.input.data = fused.output.data = fusion_buffer_.data();
+  fused.input.count = fused.output.count = total;
+  double unpack_scale = 1.0;
+  if (head.average && !half) {
+    fused.average = false;
+    unpack_scale = 1.0 / static_cast<double>(topo_.size);
+  }
+  run_allreduce(fused);
+  kernels::fusion_unpack_cpu(fusion_buffer_.data(), dsts.data(), counts.data(), counts.size(), dtype, unpack_scale);
+}
+
+// ---------------------------------------------------------------- public operations
 
 namespace {
 
@@ -139,47 +350,47 @@ std::vector<int64_t> flat_shape(const Buffer& b) { return {static_cast<int64_t>(
 
 }  // namespace
 
-void Engine::run_allreduce(const AllreduceArgs& a) {
-  const Buffer& out = a.output;
-  if (out.data != a.input.data && a.input.count) std::memcpy(out.data, a.input.data, a.input.bytes());
-  if (out.count == 0 || topo_.size == 1) return;
-
-  // Averages of fp16/bf16 are pre-divided: a sum of N values near the top of
-  // the fp16 range overflows before the division could rescue it.
-  const bool half = out.dtype == DType::F16 || out.dtype == DType::BF16;
-  const double inv_n = 1.0 / static_cast<double>(topo_.size);
-  if (a.average && half) kernels::scale_cpu(out.data, out.count, out.dtype, inv_n);
-
-  Algorithm algo = a.algorithm;
-  if (algo == Algorithm::AUTO) algo = out.bytes() < active_.auto_ring_min_bytes ? Algorithm::MPI : Algorithm::RING;
-  switch (algo) {
-    case Algorithm::RING: ring_allreduce(out, a.op, topo_.world, active_.ring_chunk_bytes); break;
-    case Algorithm::MPI: mpi_allreduce(out, a.op, topo_.world); break;
-    default: throw CommError("allreduce: unknown algorithm");
-  }
-  if (a.average && !half) kernels::scale_cpu(out.data, out.count, out.dtype, inv_n);
+WorkPtr Engine::allreduce(const AllreduceArgs& args, std::shared_ptr<void> keepalive, bool blocking) {
+  if (args.input.device != args.output.device || args.input.device_index != args.output.device_index)
+    throw CommError("allreduce: input and out must be on the same device");
+  Op op;
+  op.work = std::make_shared<Work>("allreduce " + args.name, std::move(keepalive));
+  op.sig = signature_of(Collective::ALLREDUCE, args.input, flat_shape(args.input), args.name);
+  op.sig.op = static_cast<int32_t>(args.op);
+  op.sig.extra = args.average ? 1 : 0;
+  op.sig.algorithm = static_cast<int32_t>(args.algorithm);
+  op.fusable = args.input.device == Device::CPU;  // device tensors are reduced one by one
+  op.allreduce = args;
+  if (!op.fusable) op.body = [this, args] { run_allreduce(args); };
+  return enqueue(std::move(op), blocking);
 }
 
-WorkPtr Engine::allreduce(const AllreduceArgs& args, std::shared_ptr<void> keepalive, bool blocking) {
-  if (args.input.device != Device::CPU || args.output.device != Device::CPU)
-    throw CommError("allreduce: this pycomm build handles host memory only");
-  Signature sig = signature_of(Collective::ALLREDUCE, args.input, flat_shape(args.input), args.name);
-  sig.op = static_cast<int32_t>(args.op);
-  sig.extra = args.average ? 1 : 0;
-  sig.algorithm = static_cast<int32_t>(args.algorithm);
-  return submit("allreduce " + args.name, std::move(keepalive), [this, args, sig] {
-    if (active_.check_consistency) check_agreement(sig, topo_.world, "pycomm.allreduce");
-    run_allreduce(args);
-  }, blocking);
+WorkPtr Engine::submit_custom(const Signature& sig, std::string description, std::shared_ptr<void> keepalive,
+                              std::function<void()> fn, bool blocking) {
+  Op op;
+  op.work = std::make_shared<Work>(std::move(description), std::move(keepalive));
+  op.sig = sig;
+  op.body = std::move(fn);
+  return enqueue(std::move(op), blocking);
 }
 
 WorkPtr Engine::broadcast(const Buffer& buf, int root, std::string name, std::shared_ptr<void> keepalive,
                           bool blocking) {
   Signature sig = signature_of(Collective::BROADCAST, buf, flat_shape(buf), name);
   sig.root = root;
-  return submit("broadcast " + name, std::move(keepalive), [this, buf, root, sig] {
-    if (active_.check_consistency) check_agreement(sig, topo_.world, "pycomm.broadcast");
-    if (topo_.size > 1 && buf.count) comm::broadcast(buf, root, topo_.world);
+  return submit_custom(sig, "broadcast " + name, std::move(keepalive), [this, buf, root] {
+    if (topo_.size == 1 || buf.count == 0) return;
+    if (buf.device == Device::CPU || cuda_aware_) return comm::broadcast(buf, root, topo_.world);
+    MemoryMover& mover = mover_for(buf);  // device memory through one host copy
+    std::vector<char> host(buf.bytes());
+    mover.to_host_async(host.data(), buf.data, buf.bytes(), 0);
+    mover.wait_lane(0);
+    Buffer h = buf;
+    h.data = host.data();
+    h.device = Device::CPU;
+    comm::broadcast(h, root, topo_.world);
+    mover.to_device_async(buf.data, host.data(), buf.bytes(), 0);
+    mover.wait_lane(0);
   }, blocking);
 }
 
@@ -192,19 +403,32 @@ WorkPtr Engine::allgather(const Buffer& send, size_t rows, std::vector<int64_t> 
   size_t row_elems = 1;
   for (int64_t d : row_shape) row_elems *= static_cast<size_t>(d);
   const size_t row_bytes = row_elems * kernels::dtype_size(send.dtype);
-  return submit("allgather " + name, std::move(keepalive), [this, send, rows, row_bytes, sig, allocate] {
-    if (active_.check_consistency) check_agreement(sig, topo_.world, "pycomm.allgather");
-    allgatherv(send.data, rows, row_bytes, topo_.world, allocate);
-  });
+  return submit_custom(sig, "allgather " + name, std::move(keepalive), [this, send, rows, row_bytes, allocate] {
+    if (send.device == Device::CPU || cuda_aware_) {
+      allgatherv(send.data, rows, row_bytes, topo_.world, allocate);
+      return;
+    }
+    MemoryMover& mover = mover_for(send);  // device memory through host copies
+    std::vector<char> mine(rows * row_bytes), all;
+    mover.to_host_async(mine.data(), send.data, mine.size(), 0);
+    mover.wait_lane(0);
+    void* device_out = nullptr;
+    allgatherv(mine.data(), rows, row_bytes, topo_.world, [&](size_t total_rows) -> void* {
+      device_out = allocate(total_rows);
+      all.resize(total_rows * row_bytes);
+      return all.data();
+    });
+    if (!all.empty()) {
+      mover.to_device_async(device_out, all.data(), all.size(), 0);
+      mover.wait_lane(0);
+    }
+  }, false);
 }
 
 WorkPtr Engine::barrier(bool blocking) {
-  return submit("barrier", nullptr, [this] {
-    Signature sig;
-    sig.kind = static_cast<int32_t>(Collective::BARRIER);
-    if (active_.check_consistency) check_agreement(sig, topo_.world, "pycomm.barrier");
-    PYCOMM_MPI_CHECK(MPI_Barrier(topo_.world));
-  }, blocking);
+  Signature sig;
+  sig.kind = static_cast<int32_t>(Collective::BARRIER);
+  return submit_custom(sig, "barrier", nullptr, [this] { PYCOMM_MPI_CHECK(MPI_Barrier(topo_.world)); }, blocking);
 }
 
 }  // namespace comm

@@ -1,7 +1,15 @@
-// The collective engine: one background thread that runs every collective in
+// The collective engine: one background worker that runs every collective in
 // submission order on the job's private communicators. Callers get a Work
-// handle; the synchronous API is submit + wait.
+// handle; a blocking call on an idle engine runs on the caller's thread.
+//
+// Each operation starts with a coordination round (coordinator.h): the ranks
+// agree on what runs next, which catches ranks that disagree and reports
+// stalls. Consecutive compatible allreduces waiting in the queue are fused
+// (tensor fusion): packed into one buffer up to `fusion_threshold_bytes`,
+// reduced by one allreduce, unpacked. The coordinator makes every rank fuse
+// the same tensors in the same order.
 #pragma once
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -13,17 +21,30 @@
 #include <vector>
 
 #include "common.h"
+#include "coordinator.h"
 
 namespace pycomm {
 namespace comm {
 
-enum class Algorithm : int32_t { AUTO = 0, RING = 1, MPI = 2 };
+class ShmWindow;
+class MemoryMover;
+struct StagingBuffers;
+
+enum class Algorithm : int32_t { AUTO = 0, RING = 1, MPI = 2, SHM = 3, HIERARCHICAL = 4, HIERARCHICAL_MASTER = 5 };
 const char* algorithm_name(Algorithm a);
 
 struct EngineOptions {
-  size_t ring_chunk_bytes = size_t(1) << 19;  // 512 KiB pipeline chunks
+  size_t ring_chunk_bytes = size_t(1) << 19;     // 512 KiB pipeline chunks
   size_t auto_ring_min_bytes = size_t(1) << 16;  // below this "auto" uses MPI_Allreduce
-  bool check_consistency = true;  // exchange a signature before each collective
+  bool check_consistency = true;                 // coordinate (and compare) before each operation
+  size_t fusion_threshold_bytes = size_t(64) << 20;  // 0 disables fusion
+  double cycle_time_ms = 2.0;  // how long a fusable allreduce may wait for company
+  StallOptions stall;
+  size_t staging_chunk_bytes = size_t(4) << 20;  // device data travels through host chunks of this size
+  bool force_staging = false;  // send host buffers through the staging pipeline too (tests its logic on CPU)
+  // Measured choices for "auto" (pycomm-tune): messages up to .first bytes use
+  // .second; sorted by size. Empty: the built-in rule in Engine::resolve.
+  std::vector<std::pair<size_t, Algorithm>> auto_table;
 };
 
 // Completion of one submitted operation. `keepalive` holds whatever the
@@ -59,7 +80,7 @@ struct AllreduceArgs {
 
 class Engine {
  public:
-  Engine(const Topology& topo, const EngineOptions& options);
+  Engine(const Topology& topo, MPI_Comm control, bool homogeneous, const EngineOptions& options);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -68,7 +89,7 @@ class Engine {
   EngineOptions options() const;
   void set_options(const EngineOptions& options);
 
-  // `blocking`: the caller will wait at once, so run on its thread if the engine is idle.
+  // `blocking`: the caller waits at once, so run on its thread if the engine is idle.
   WorkPtr allreduce(const AllreduceArgs& args, std::shared_ptr<void> keepalive, bool blocking = false);
   WorkPtr compressed_allreduce(const struct CompressedArgs& args, std::shared_ptr<void> keepalive, bool blocking = false);  // compressed_allreduce.h
   WorkPtr broadcast(const Buffer& buf, int root, std::string name, std::shared_ptr<void> keepalive,
@@ -79,28 +100,66 @@ class Engine {
                     std::function<void*(size_t)> allocate, std::string name, std::shared_ptr<void> keepalive);
   WorkPtr barrier(bool blocking = false);
 
-  // Number of operations run so far (for tests and stall reports).
-  uint64_t completed() const;
+  // Counters for tests, benchmarks and stall reports.
+  struct Stats {
+    uint64_t operations = 0;   // operations completed
+    uint64_t rounds = 0;       // coordination rounds (fused batches count once)
+    uint64_t fused_tensors = 0;  // allreduces that ran inside a fused batch of two or more
+  };
+  Stats stats() const;
+
+  // Run `fn` on the engine thread as one operation (for algorithms defined
+  // elsewhere, e.g. compressed allreduce). `sig` is what the ranks agree on.
+  WorkPtr submit_custom(const Signature& sig, std::string description, std::shared_ptr<void> keepalive,
+                        std::function<void()> fn, bool blocking);
+
+  // The algorithm `requested` ("auto" or a name) means for `bytes` on this topology under `o`.
+  Algorithm resolve(Algorithm requested, size_t bytes, const EngineOptions& o) const;
+  // Run one allreduce now, on the calling (engine) thread, with no coordination.
+  void run_allreduce(const AllreduceArgs& args);
+  // The same, for host memory only.
+  void run_host_allreduce(const AllreduceArgs& args);
+  // The mover for a buffer's memory (CUDA streams, or host lanes for tests).
+  MemoryMover& mover_for(const Buffer& buf);
+  bool cuda_aware() const { return cuda_aware_; }
+  ShmWindow& shm();
 
  private:
-  // Queue `body` for the worker; with `inline_if_idle` and nothing queued or
-  // running, run it on the calling thread instead (a synchronous call then
-  // costs no thread hand-off, which on a busy machine is a scheduler slice).
-  WorkPtr submit(std::string description, std::shared_ptr<void> keepalive, std::function<void()> body,
-                 bool inline_if_idle = false);
-  void run_item(const WorkPtr& work, const std::function<void()>& body);
+  struct Op {
+    WorkPtr work;
+    Signature sig;
+    std::function<void()> body;  // non-fusable operations
+    bool fusable = false;        // an allreduce that may share a fused buffer
+    AllreduceArgs allreduce;
+    std::chrono::steady_clock::time_point submitted;
+  };
+
+  WorkPtr enqueue(Op op, bool inline_if_idle);
   void loop();
-  void run_allreduce(const AllreduceArgs& args);
+  // Coordinate and run `batch` (taken from the queue head); returns how many ran.
+  size_t execute(std::vector<Op*>& batch);
+  void run_fused(const std::vector<Op*>& ops);
+  bool compatible(const Op& head, const Op& next) const;
 
   Topology topo_;
+  bool homogeneous_;
   EngineOptions options_;
-  EngineOptions active_;  // the worker's copy, refreshed before each operation
+  EngineOptions active_;  // the running operation's copy
+  Coordinator coordinator_;
+  std::unique_ptr<ShmWindow> shm_;
+  std::vector<char> fusion_buffer_;
+  bool cuda_aware_ = false;
+  std::unique_ptr<MemoryMover> host_mover_;
+  std::vector<std::unique_ptr<MemoryMover>> cuda_movers_;  // by device index
+  std::unique_ptr<StagingBuffers> staging_;
+  void run_staged_allreduce(const AllreduceArgs& args);
+
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<WorkPtr, std::function<void()>>> queue_;
+  std::deque<Op> queue_;
   bool stopping_ = false;
   bool busy_ = false;  // an operation is running (on the worker or inline on a caller)
-  uint64_t completed_ = 0;
+  Stats stats_;
   std::thread worker_;
 };
 

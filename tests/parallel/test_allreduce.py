@@ -16,7 +16,7 @@ def gather_bytes(comm, t: torch.Tensor):
     return comm.allgather(raw)
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "mpi", "auto"])
+@pytest.mark.parametrize("algorithm", pycomm.collectives.ALLREDUCE_ALGORITHMS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sum_matches_reference_and_is_identical_on_all_ranks(algorithm, dtype, comm):
     rank, size = pycomm.rank(), pycomm.size()
@@ -112,3 +112,16 @@ def test_large_tensor_256mib():
     for r in range(size):
         expected[r::7919] -= (r + 1) - 0.5
     assert torch.equal(y, expected)
+
+
+def test_measured_auto_table_drives_auto():
+    pycomm.set_options(auto_table=[(100, "ring"), (2 ** 62, "mpi")])
+    try:
+        assert pycomm.resolve_algorithm("auto", 50) == "ring"
+        assert pycomm.resolve_algorithm("auto", 10 ** 6) == "mpi"
+        rank, size = pycomm.rank(), pycomm.size()
+        x = rank_data(rank, 20, torch.float32, seed=9)
+        assert_close(pycomm.allreduce(x.clone()), "sum", size, torch.float32, seed=9, what="auto via table")
+    finally:
+        pycomm.set_options(auto_table=[])
+    assert pycomm.get_options()["auto_table"] == []

@@ -1,0 +1,104 @@
+#include <cstring>
+
+#include <algorithm>
+
+#include "../kernels/fusion.h"
+#include "../kernels/reduce.h"
+#include "algorithms.h"
+#include "shm_window.h"
+
+namespace pycomm {
+namespace comm {
+namespace shm_detail {
+
+// Reduce this rank's slice of `count` elements over every segment into its own segment.
+void reduce_own_slice(size_t count, DType dtype, ReduceOp op, ShmWindow& shm);
+
+// Copy this rank's data into its segment, then reduce this rank's slice
+// [part_begin(count, L, local_rank), ...) over every segment into its own
+// segment. On return (after a fence) segment r's slice r holds the node's
+// reduction of slice r.
+void reduce_own_slice(size_t count, DType dtype, ReduceOp op, ShmWindow& shm) {
+  const size_t esize = kernels::dtype_size(dtype);
+  const int L = shm.size(), me = shm.rank();
+  const size_t begin = part_begin(count, L, me), len = part_size(count, L, me);
+  char* dst = shm.mine() + begin * esize;
+  for (int k = 1; k < L; ++k) {
+    int peer = (me + k) % L;  // start at a different peer on every rank to spread the load
+    kernels::reduce_cpu(dst, shm.segment(peer) + begin * esize, len, dtype, op);
+  }
+}
+
+void reduce_scatter_into_segments(const Buffer& buf, ReduceOp op, ShmWindow& shm) {
+  shm.reserve(buf.bytes());
+  std::memcpy(shm.mine(), buf.data, buf.bytes());
+  shm.fence();
+  reduce_own_slice(buf.count, buf.dtype, op, shm);
+  shm.fence();
+}
+
+// Copy each rank's reduced slice out of its segment into `buf`, then fence so
+// nobody overwrites a segment that a peer is still reading.
+void allgather_from_segments(const Buffer& buf, ShmWindow& shm) {
+  const size_t esize = kernels::dtype_size(buf.dtype);
+  const int L = shm.size();
+  for (int k = 0; k < L; ++k) {
+    int owner = (shm.rank() + k) % L;
+    size_t begin = part_begin(buf.count, L, owner), len = part_size(buf.count, L, owner);
+    std::memcpy(buf.bytes_at(begin), shm.segment(owner) + begin * esize, len * esize);
+  }
+  shm.fence();
+}
+
+}  // namespace shm_detail
+
+void windowed_fused_allreduce(const FusedTensors& t, ReduceOp op, bool pre_divide, double unpack_scale,
+                              ShmWindow& shm, MPI_Comm cross, size_t chunk_bytes) {
+  const size_t esize = kernels::dtype_size(t.dtype);
+  size_t total = 0;
+  for (size_t c : t.counts) total += c;
+  if (total == 0) return;
+  const int L = shm.size(), me = shm.rank();
+  shm.reserve(total * esize);
+  // Packing is the copy-in: the fused buffer is this rank's window segment.
+  kernels::fusion_pack_cpu(t.srcs.data(), t.counts.data(), t.counts.size(), shm.mine(), t.dtype);
+  if (pre_divide) kernels::scale_cpu(shm.mine(), total, t.dtype, 1.0 / static_cast<double>(t.world_size));
+  shm.fence();
+  shm_detail::reduce_own_slice(total, t.dtype, op, shm);
+  if (cross != MPI_COMM_NULL) {
+    int cross_size = 1;
+    PYCOMM_MPI_CHECK(MPI_Comm_size(cross, &cross_size));
+    Buffer shard;
+    shard.dtype = t.dtype;
+    shard.data = shm.mine() + part_begin(total, L, me) * esize;
+    shard.count = part_size(total, L, me);
+    if (cross_size > 1 && shard.count) ring_allreduce(shard, op, cross, chunk_bytes);
+  }
+  shm.fence();
+  // Unpacking is the copy-out: each tensor is read straight from the
+  // segments that own its pieces, with the average's 1/N applied on the way.
+  size_t offset = 0;
+  for (size_t k = 0; k < t.counts.size(); ++k) {
+    size_t done = 0;
+    while (done < t.counts[k]) {
+      size_t flat = offset + done;
+      int owner = 0;
+      while (part_begin(total, L, owner + 1) <= flat) ++owner;
+      size_t piece = std::min(t.counts[k] - done, part_begin(total, L, owner + 1) - flat);
+      void* dst = static_cast<char*>(t.dsts[k]) + done * esize;
+      kernels::fusion_unpack_cpu(shm.segment(owner) + flat * esize, &dst, &piece, 1, t.dtype, unpack_scale);
+      done += piece;
+    }
+    offset += t.counts[k];
+  }
+  shm.fence();
+}
+
+void shm_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm) {
+  if (buf.count == 0 || shm.size() == 1) return;
+  shm_detail::reduce_scatter_into_segments(buf, op, shm);
+  shm_detail::allgather_from_segments(buf, shm);
+}
+
+}  // namespace comm
+}  // namespace pycomm

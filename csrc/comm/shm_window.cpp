@@ -1,0 +1,56 @@
+#include "shm_window.h"
+
+#include <algorithm>
+
+namespace pycomm {
+namespace comm {
+
+void ShmWindow::reserve(size_t bytes) {
+  if (bytes <= capacity_ && win_ != MPI_WIN_NULL) return;
+  release();
+  // Grow geometrically so a training run settles on one window quickly;
+  // round to 4 KiB so each segment starts on its own page.
+  size_t want = std::max(bytes, capacity_ * 2);
+  want = std::max<size_t>((want + 4095) & ~size_t(4095), 4096);
+  MPI_Info info;
+  PYCOMM_MPI_CHECK(MPI_Info_create(&info));
+  // Non-contiguous segments let each rank's segment live in its own NUMA domain.
+  PYCOMM_MPI_CHECK(MPI_Info_set(info, "alloc_shared_noncontig", "true"));
+  void* base = nullptr;
+  int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(want), 1, info, comm_, &base, &win_);
+  MPI_Info_free(&info);
+  PYCOMM_MPI_CHECK(rc);
+  segments_.assign(static_cast<size_t>(size_), nullptr);
+  for (int r = 0; r < size_; ++r) {
+    MPI_Aint seg_size = 0;
+    int disp = 0;
+    void* ptr = nullptr;
+    PYCOMM_MPI_CHECK(MPI_Win_shared_query(win_, r, &seg_size, &disp, &ptr));
+    segments_[static_cast<size_t>(r)] = static_cast<char*>(ptr);
+  }
+  PYCOMM_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_));
+  capacity_ = want;
+}
+
+void ShmWindow::fence() {
+  // The unified-memory idiom for shared windows: sync, barrier, sync.
+  PYCOMM_MPI_CHECK(MPI_Win_sync(win_));
+  PYCOMM_MPI_CHECK(MPI_Barrier(comm_));
+  PYCOMM_MPI_CHECK(MPI_Win_sync(win_));
+}
+
+void ShmWindow::release() {
+  if (win_ == MPI_WIN_NULL) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) {
+    MPI_Win_unlock_all(win_);
+    MPI_Win_free(&win_);
+  }
+  win_ = MPI_WIN_NULL;
+  capacity_ = 0;
+  segments_.clear();
+}
+
+}  // namespace comm
+}  // namespace pycomm

@@ -1,0 +1,51 @@
+// Node-local shared memory through an MPI-3 shared window
+// (MPI_Win_allocate_shared on the node communicator). Every rank of the node
+// owns one segment and can load/store every other rank's segment directly,
+// so intra-node reductions read the peers' data in place instead of copying
+// it through MPI messages.
+#pragma once
+#include <mpi.h>
+
+#include <vector>
+
+#include "common.h"
+
+namespace pycomm {
+namespace comm {
+
+class ShmWindow {
+ public:
+  explicit ShmWindow(MPI_Comm local) : comm_(local) {
+    PYCOMM_MPI_CHECK(MPI_Comm_rank(local, &rank_));
+    PYCOMM_MPI_CHECK(MPI_Comm_size(local, &size_));
+  }
+  ~ShmWindow() { release(); }
+  ShmWindow(const ShmWindow&) = delete;
+  ShmWindow& operator=(const ShmWindow&) = delete;
+
+  // Collective over the node: make every segment at least `bytes` long.
+  // All ranks of the node must ask for the same size (the engine's agreement
+  // check guarantees it).
+  void reserve(size_t bytes);
+
+  char* segment(int local_rank) const { return segments_[static_cast<size_t>(local_rank)]; }
+  char* mine() const { return segment(rank_); }
+  size_t capacity() const { return capacity_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // Make every rank's stores visible to the node, and wait for all ranks.
+  void fence();
+
+ private:
+  void release();
+
+  MPI_Comm comm_;
+  MPI_Win win_ = MPI_WIN_NULL;
+  int rank_ = 0, size_ = 1;
+  size_t capacity_ = 0;
+  std::vector<char*> segments_;
+};
+
+}  // namespace comm
+}  // namespace pycomm

@@ -1,0 +1,162 @@
+#include "staging.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+namespace pycomm {
+namespace comm {
+
+HostMover::HostMover() {
+  for (auto& lane : lanes_) {
+    Lane* l = &lane;
+    l->thread = std::thread([l] {
+      for (;;) {
+        std::function<void()> task;
+        {
+          std::unique_lock<std::mutex> lock(l->mu);
+          l->cv.wait(lock, [l] { return l->stop || !l->tasks.empty(); });
+          if (l->tasks.empty()) return;
+          task = std::move(l->tasks.front());
+          l->tasks.pop_front();
+        }
+        task();
+        {
+          std::lock_guard<std::mutex> lock(l->mu);
+          --l->pending;
+        }
+        l->cv.notify_all();
+      }
+    });
+  }
+}
+
+HostMover::~HostMover() {
+  for (auto& lane : lanes_) {
+    {
+      std::lock_guard<std::mutex> lock(lane.mu);
+      lane.stop = true;
+    }
+    lane.cv.notify_all();
+    lane.thread.join();
+  }
+}
+
+void* HostMover::alloc_staging(size_t bytes) {
+  void* p = std::malloc(std::max<size_t>(bytes, 1));
+  if (!p) throw CommError("staging: out of host memory");
+  return p;
+}
+
+void HostMover::free_staging(void* p) { std::free(p); }
+
+void HostMover::post(int lane, std::function<void()> task) {
+  Lane& l = lanes_[lane & 1];
+  {
+    std::lock_guard<std::mutex> lock(l.mu);
+    l.tasks.push_back(std::move(task));
+    ++l.pending;
+  }
+  l.cv.notify_all();
+}
+
+void HostMover::to_host_async(void* host, const void* src, size_t bytes, int lane) {
+  post(lane, [=] { std::memcpy(host, src, bytes); });
+}
+
+void HostMover::to_device_async(void* dst, const void* host, size_t bytes, int lane) {
+  post(lane, [=] { std::memcpy(dst, host, bytes); });
+}
+
+void HostMover::wait_lane(int lane) {
+  Lane& l = lanes_[lane & 1];
+  std::unique_lock<std::mutex> lock(l.mu);
+  l.cv.wait(lock, [&l] { return l.pending == 0; });
+}
+
+void StagingBuffers::reserve(MemoryMover& mover, size_t need) {
+  if (owner == &mover && bytes >= need) return;
+  release();
+  for (void*& p : chunk) p = mover.alloc_staging(need);
+  bytes = need;
+  owner = &mover;
+}
+
+void StagingBuffers::release() {
+  if (owner)
+    for (void*& p : chunk)
+      if (p) owner->free_staging(p);
+  chunk[0] = chunk[1] = nullptr;
+  bytes = 0;
+  owner = nullptr;
+}
+
+void staged_allreduce(const Buffer& src, const Buffer& dst, MemoryMover& mover, StagingBuffers& staging,
+                      size_t chunk_bytes, const std::function<void(const Buffer& host_chunk)>& host_allreduce) {
+  if (src.count == 0) return;
+  const size_t esize = kernels::dtype_size(src.dtype);
+  const size_t chunk_elems = std::max<size_t>(1, chunk_bytes / esize);
+  const size_t chunks = (src.count + chunk_elems - 1) / chunk_elems;
+  staging.reserve(mover, std::min(src.count, chunk_elems) * esize);
+  auto range = [&](size_t k, size_t* begin, size_t* len) {
+    *begin = k * chunk_elems;
+    *len = std::min(chunk_elems, src.count - *begin);
+  };
+
+  size_t begin, len;
+  range(0, &begin, &len);
+  mover.to_host_async(staging.chunk[0], src.bytes_at(begin), len * esize, 0);
+  for (size_t k = 0; k < chunks; ++k) {
+    const int lane = static_cast<int>(k % 2);
+    // Chunk k is on the host (and this lane's previous upload, of chunk k-2, is done).
+    mover.wait_lane(lane);
+    if (k + 1 < chunks) {
+      // The other lane's buffer is free once its upload of chunk k-1 has run;
+      // lanes run in order, so the download queued behind it waits for it.
+      size_t nb, nl;
+      range(k + 1, &nb, &nl);
+      mover.to_host_async(staging.chunk[1 - lane], src.bytes_at(nb), nl * esize, 1 - lane);
+    }
+    range(k, &begin, &len);
+    Buffer host = src;
+    host.data = staging.chunk[lane];
+    host.count = len;
+    host.device = Device::CPU;
+    host.device_index = -1;
+    host_allreduce(host);
+    mover.to_device_async(dst.bytes_at(begin), staging.chunk[lane], len * esize, lane);
+  }
+  mover.wait_lane(0);
+  mover.wait_lane(1);
+}
+
+}  // namespace comm
+}  // namespace pycomm
+
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // Open MPI: MPIX_CUDA_AWARE_SUPPORT, MPIX_Query_cuda_support
+#endif
+
+namespace pycomm {
+namespace comm {
+
+bool mpi_is_cuda_aware() {
+  if (const char* env = std::getenv("PYCOMM_CUDA_AWARE")) {
+    if (env[0] == '1') return true;
+    if (env[0] == '0') return false;
+  }
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return false;
+#endif
+}
+
+#ifndef PYCOMM_WITH_CUDA
+std::unique_ptr<MemoryMover> make_cuda_mover(int) {
+  throw CommError("pycomm was built without CUDA; reinstall with a CUDA build of torch (PYCOMM_CUDA=1)");
+}
+#endif
+
+}  // namespace comm
+}  // namespace pycomm
