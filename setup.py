@@ -85,11 +85,31 @@ def want_cuda():
     return has_torch_cuda and has_nvcc
 
 
+def cxx_standard():
+    """C++17 as designed; torch 2.14 and later refuse anything below C++20 in their headers."""
+    major, minor = (int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+    return "c++20" if (major, minor) >= (2, 14) else "c++17"
+
+
+def cuda_library_includes():
+    """Headers of the CUDA libraries torch includes (cusparse.h, cublas_v2.h, ...).
+
+    A minimal toolkit (just nvcc, as on CI) lacks them; the CUDA build of torch
+    brings them in its nvidia-* wheels (site-packages/nvidia/*/include).
+    """
+    from torch.utils.cpp_extension import CUDA_HOME
+    if CUDA_HOME and os.path.exists(os.path.join(CUDA_HOME, "include", "cusparse.h")):
+        return []
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    return sorted(d for d in glob.glob(os.path.join(site, "nvidia", "*", "include"))
+                  if os.path.exists(os.path.join(d, "cusparse.h")))
+
+
 def extension():
     incs, libdirs, libs, link_args, flavour = mpi_flags(find_mpicc())
     cpp = sorted(glob.glob("csrc/**/*.cpp", recursive=True))
     cuda = want_cuda()
-    cxx_flags = ["-O3", "-g0", "-std=c++17", "-fopenmp", "-Wall", "-Wno-unknown-pragmas"]
+    cxx_flags = ["-O3", "-g0", "-std=" + cxx_standard(), "-fopenmp", "-Wall", "-Wno-unknown-pragmas"]
     define_macros = [("PYCOMM_MPI_" + flavour.upper(), "1")]
     kwargs = dict(
         name="pycomm._C",
@@ -101,7 +121,9 @@ def extension():
     if cuda:
         cu = sorted(glob.glob("csrc/**/*.cu", recursive=True))
         define_macros.append(("PYCOMM_WITH_CUDA", "1"))
-        nvcc_flags = ["-O3", "-g0", "-std=c++17", "--use_fast_math", "-lineinfo"]
+        # searched after every other include dir, and only by the C++ files (the bindings include ATen/cuda)
+        cxx_flags += [f for d in cuda_library_includes() for f in ("-idirafter", d)]
+        nvcc_flags = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo"]  # nvcc has no -g0 (and no -g by default)
         return CUDAExtension(sources=cpp + cu, define_macros=define_macros,
                              extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags}, **kwargs)
     return CppExtension(sources=cpp, define_macros=define_macros, extra_compile_args={"cxx": cxx_flags}, **kwargs)

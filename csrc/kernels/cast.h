@@ -17,6 +17,8 @@ void cast_to_half_cpu(const float* x, void* y, size_t n, DType half, float scale
 void cast_to_float_cpu(const void* x, float* y, size_t n, DType half, float scale);
 // acc[i] += float(x[i])
 void accumulate_half_cpu(float* acc, const void* x, size_t n, DType half);
+// y[i] = half(float(x[i]) * scale), half -> half (y == x allowed: in-place scaling)
+void scale_half_cpu(const void* x, void* y, size_t n, DType half, float scale);
 
 // Same on the GPU. `nonfinite` is a device int, set to 0 or 1 in stream order.
 void cast_to_half_cuda(const float* x, void* y, size_t n, DType half, float scale, int* nonfinite, Stream stream);

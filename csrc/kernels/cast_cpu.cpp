@@ -33,6 +33,11 @@ void to_float_scalar(const uint16_t* __restrict x, float* __restrict y, size_t n
   for (size_t i = 0; i < n; ++i) y[i] = (BF16 ? bf16_to_float(x[i]) : half_to_float(x[i])) * s;
 }
 template <bool BF16>
+void scale_half_scalar(const uint16_t* x, uint16_t* y, size_t n, float s) {
+  for (size_t i = 0; i < n; ++i)
+    y[i] = BF16 ? float_to_bf16(bf16_to_float(x[i]) * s) : float_to_half(half_to_float(x[i]) * s);
+}
+template <bool BF16>
 void accumulate_scalar(float* __restrict acc, const uint16_t* __restrict x, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] += BF16 ? bf16_to_float(x[i]) : half_to_float(x[i]);
 }
@@ -85,6 +90,18 @@ PYCOMM_TARGET_AVX2 void accumulate_avx2(float* __restrict acc, const uint16_t* _
   accumulate_scalar<BF16>(acc + i, x + i, n - i);
 }
 
+template <bool BF16>
+PYCOMM_TARGET_AVX2 void scale_half_avx2(const uint16_t* x, uint16_t* y, size_t n, float s) {
+  const __m256 vs = _mm256_set1_ps(s);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_mul_ps(BF16 ? load_bf16x8(x + i) : load_f16x8(x + i), vs);
+    if (BF16) store_bf16x8(y + i, v);
+    else store_f16x8(y + i, v);
+  }
+  scale_half_scalar<BF16>(x + i, y + i, n - i, s);
+}
+
 // ---- AVX-512 (masked tails, no scalar loop) ----
 template <bool BF16>
 PYCOMM_TARGET_AVX512 int to_half_avx512(const float* __restrict x, uint16_t* __restrict y, size_t n, float s) {
@@ -118,7 +135,29 @@ PYCOMM_TARGET_AVX512 void accumulate_avx512(float* __restrict acc, const uint16_
     _mm512_mask_storeu_ps(acc + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, acc + i), v));
   }
 }
+template <bool BF16>
+PYCOMM_TARGET_AVX512 void scale_half_avx512(const uint16_t* x, uint16_t* y, size_t n, float s) {
+  const __m512 vs = _mm512_set1_ps(s);
+  for (size_t i = 0; i < n; i += 16) {
+    __mmask16 k = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1);
+    __m512 v = BF16 ? maskz_load_bf16x16(k, x + i) : _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, x + i));
+    v = _mm512_mul_ps(v, vs);
+    _mm256_mask_storeu_epi16(y + i, k, BF16 ? cvt_bf16x16(v) : cvt_f16x16(v));
+  }
+}
 #endif  // PYCOMM_X86
+
+template <bool BF16>
+void scale_half_any(const uint16_t* x, uint16_t* y, size_t n, float s) {
+#ifdef PYCOMM_X86
+  switch (cpu_isa()) {
+    case CpuIsa::Avx512: return scale_half_avx512<BF16>(x, y, n, s);
+    case CpuIsa::Avx2: return scale_half_avx2<BF16>(x, y, n, s);
+    default: break;
+  }
+#endif
+  scale_half_scalar<BF16>(x, y, n, s);
+}
 
 template <bool BF16>
 int to_half_any(const float* x, uint16_t* y, size_t n, float s) {
@@ -180,6 +219,16 @@ void cast_to_float_cpu(const void* x, float* y, size_t n, DType half, float scal
   parallel_ranges(n, n * 6, 64, [&](size_t b, size_t e) {
     if (half == DType::BF16) to_float_any<true>(in + b, y + b, e - b, scale);
     else to_float_any<false>(in + b, y + b, e - b, scale);
+  });
+}
+
+void scale_half_cpu(const void* x, void* y, size_t n, DType half, float scale) {
+  check_half(half, "scale_half_cpu");
+  const auto* in = static_cast<const uint16_t*>(x);
+  auto* out = static_cast<uint16_t*>(y);
+  parallel_ranges(n, n * 4, 64, [&](size_t b, size_t e) {
+    if (half == DType::BF16) scale_half_any<true>(in + b, out + b, e - b, scale);
+    else scale_half_any<false>(in + b, out + b, e - b, scale);
   });
 }
 

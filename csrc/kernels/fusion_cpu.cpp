@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cast.h"
 #include "cpu_dispatch.h"
 #include "fusion.h"
 #include "half.h"
@@ -48,25 +49,13 @@ PYCOMM_CPU_CLONES void scale_copy(T* __restrict dst, const T* __restrict src, si
 #pragma omp simd
   for (size_t i = 0; i < n; ++i) dst[i] = src[i] * s;
 }
-PYCOMM_CPU_CLONES void scale_copy_f16(uint16_t* __restrict dst, const uint16_t* __restrict src, size_t n, float s) {
-#pragma omp simd
-  for (size_t i = 0; i < n; ++i) dst[i] = float_to_half(half_to_float(src[i]) * s);
-}
-PYCOMM_CPU_CLONES void scale_copy_bf16(uint16_t* __restrict dst, const uint16_t* __restrict src, size_t n, float s) {
-#pragma omp simd
-  for (size_t i = 0; i < n; ++i) dst[i] = float_to_bf16(bf16_to_float(src[i]) * s);
-}
-
 void scaled(void* dst, const void* src, size_t n, DType t, double s) {
   switch (t) {
     case DType::F32:
       return scale_copy<float>(static_cast<float*>(dst), static_cast<const float*>(src), n, static_cast<float>(s));
     case DType::F64: return scale_copy<double>(static_cast<double*>(dst), static_cast<const double*>(src), n, s);
     case DType::F16:
-      return scale_copy_f16(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n, static_cast<float>(s));
-    case DType::BF16:
-      return scale_copy_bf16(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n,
-                             static_cast<float>(s));
+    case DType::BF16: return scale_half_cpu(src, dst, n, t, static_cast<float>(s));
     default: throw std::invalid_argument("fusion: integer tensors cannot be scaled");
   }
 }

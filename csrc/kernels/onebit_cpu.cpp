@@ -123,11 +123,17 @@ PYCOMM_TARGET_AVX2 void dequantize_avx2(const uint8_t* bits, const uint8_t* m, s
     __m256i b = _mm256_and_si256(_mm256_set1_epi32(bits[i / 8]), lanes);
     __m256 pos = _mm256_castsi256_ps(_mm256_cmpeq_epi32(b, lanes));
     __m256 q = _mm256_blendv_ps(vn, vp, pos);
+    __m256 masked = _mm256_setzero_ps();  // lanes whose mask byte is 0
     if (m) {
       __m128i o = _mm_cmpeq_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m + i)), zero8);
-      q = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cvtepi8_epi32(o)), q);  // +0 where masked
+      masked = _mm256_castsi256_ps(_mm256_cvtepi8_epi32(o));
     }
-    if (acc) q = _mm256_add_ps(_mm256_loadu_ps(out + i), q);
+    if (acc) {
+      __m256 old = _mm256_loadu_ps(out + i);
+      q = _mm256_blendv_ps(_mm256_add_ps(old, q), old, masked);  // masked lanes keep their value
+    } else {
+      q = _mm256_andnot_ps(masked, q);  // +0 where masked
+    }
     _mm256_storeu_ps(out + i, q);
   }
   if (i < len) dequantize_scalar(bits + i / 8, m ? m + i : nullptr, len - i, v, out + i, acc);

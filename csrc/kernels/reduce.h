@@ -1,5 +1,8 @@
-// Element-wise reductions: dst[i] = dst[i] op src[i].
+// Element-wise reductions: dst[i] = dst[i] op src[i], op = sum | min | max,
+// over f32, f64, f16, bf16, i32, i64 (the ring allreduce's kernel).
 // fp16/bf16 are widened to fp32, combined, and rounded once (round to nearest even).
+// Floating min/max: min = (src < dst ? src : dst), max likewise, and NaN if
+// either is NaN (numpy.minimum/maximum). dst and src must not overlap.
 #pragma once
 #include <cstddef>
 
@@ -11,7 +14,7 @@ namespace kernels {
 
 void reduce_cpu(void* dst, const void* src, size_t count, DType dtype, ReduceOp op);
 
-// dst[i] *= factor (floating types only); used for op="avg" after a sum.
+// dst[i] *= factor (floating types only; fp16/bf16 in fp32, rounded once); used for op="avg" after a sum.
 void scale_cpu(void* dst, size_t count, DType dtype, double factor);
 
 // The same on the GPU (device pointers, run on `stream`, no sync).

@@ -199,3 +199,20 @@ def test_errors():
         K.cast_to_half(torch.ones(4, 4).t())
     with pytest.raises(ValueError, match="input has 2 elements, expected 3"):
         K.accumulate_(torch.zeros(3), torch.ones(2, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("offset", [1, 3])
+def test_unaligned_views(device, offset):
+    n = 10007
+    x = rng_data(n, offset)
+    xb = torch.zeros(n + offset, device=device)
+    xb[offset:] = torch.from_numpy(x).to(device)
+    yb = torch.zeros(n + 2 * offset, dtype=torch.float16, device=device)
+    y, flag = K.cast_to_half(xb[offset:], torch.float16, 0.5, out=yb[2 * offset:])
+    np.testing.assert_array_equal(half_bits(y), ref_to_half(x, 0.5, torch.float16))
+    assert (yb[:2 * offset].cpu() == 0).all()
+    back = torch.zeros(n + offset, device=device)
+    K.cast_to_float(y, 2.0, out=back[offset:])
+    np.testing.assert_array_equal(back[offset:].cpu().numpy(), y.cpu().float().numpy() * 2)
+    K.accumulate_(back[offset:], y)
+    np.testing.assert_array_equal(back[offset:].cpu().numpy(), y.cpu().float().numpy() * 3)

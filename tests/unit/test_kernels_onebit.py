@@ -241,3 +241,35 @@ def test_errors():
         K.onebit_compress(x, x, 8)
     with pytest.raises(ValueError, match="bits has 1 elements, expected at least 2"):
         K.onebit_decompress(torch.zeros(1, dtype=torch.uint8), torch.ones(2), 10, 8)
+
+
+@pytest.mark.parametrize("offset", [1, 2, 3])
+@pytest.mark.parametrize("chunk", [16, 8192, None])
+def test_unaligned_views(device, offset, chunk):
+    """Views that start off a 16-byte boundary take the element-wise paths (CUDA) and give the same results."""
+    n = 20000 + offset
+    x, e = data(n, offset)
+    mask = (np.random.default_rng(offset).random(n) < 0.7).astype(np.uint8)
+    ch = whole(n) if chunk is None else chunk
+    xb = torch.zeros(n + offset, device=device)
+    eb = torch.zeros(n + offset, device=device)
+    mb = torch.zeros(n + offset, dtype=torch.uint8, device=device)
+    xb[offset:] = torch.from_numpy(x).to(device)
+    eb[offset:] = torch.from_numpy(e).to(device)
+    mb[offset:] = torch.from_numpy(mask).to(device)
+    bb = torch.zeros(K.onebit_packed_bytes(n) + offset, dtype=torch.uint8, device=device)
+    bits, scales = K.onebit_compress(xb[offset:], eb[offset:], chunk, mask=mb[offset:],
+                                     bits=bb[offset:])
+    rbits, rscales, c, kept, pos = reference(x, e, ch, mask)
+    assert np.array_equal(bits.cpu().numpy(), rbits)
+    np.testing.assert_allclose(scales.cpu().numpy().astype(np.float64), rscales, rtol=1e-6)
+    q = np.where(pos, 1.0, -1.0).astype(np.float32) * expand(scales.cpu().numpy(), n, ch)
+    q[~kept] = 0
+    want_e = (c - q).astype(np.float32)
+    want_e[~kept] = 0
+    assert np.array_equal(eb[offset:].cpu().numpy(), want_e)
+    ob = torch.full((n + offset,), 9.0, device=device)
+    K.onebit_decompress_accumulate_(ob[offset:], bits, scales, chunk, mask=mb[offset:])
+    want = np.float32(9.0) + q
+    want[~kept] = 9.0
+    assert np.array_equal(ob[offset:].cpu().numpy(), want) and (ob[:offset].cpu() == 9.0).all()

@@ -10,6 +10,20 @@ from pycomm import kernels as K
 NO_CUDA = "no CUDA device: torch.cuda.is_available() is False" if not torch.cuda.is_available() else (
     "pycomm was built without CUDA" if not pycomm.cuda_built else None)
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(NO_CUDA is not None, reason=str(NO_CUDA)))]
+ISAS = ["avx512", "avx2", "scalar"]  # the hand-written fp16/bf16 variants
+TARGETS = [pytest.param(("cpu", isa), id=f"cpu-{isa}") for isa in ISAS] + [
+    pytest.param(("cuda", None), id="cuda", marks=pytest.mark.skipif(NO_CUDA is not None, reason=str(NO_CUDA)))]
+
+
+@pytest.fixture(params=TARGETS)
+def target(request):
+    dev, isa = request.param
+    if dev == "cpu":
+        if K.set_cpu_isa(isa) != isa:
+            K.set_cpu_isa("avx512")
+            pytest.skip(f"this CPU has no {isa}")
+    yield dev
+    K.set_cpu_isa("avx512")
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
 SIZES = [0, 1, 7, 8, 9, 31, 33, 1000, 4099, (1 << 19) + 3]
 
@@ -35,11 +49,11 @@ def same(a, b):
     return torch.equal(a, b)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("op", ["sum", "min", "max"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
 @pytest.mark.parametrize("n", SIZES)
-def test_reduce(device, dtype, op, n):
+def test_reduce(target, dtype, op, n):
+    device = target
     a, b = data(n, dtype, n), data(n, dtype, n + 1)
     if dtype.is_floating_point and n > 3:
         a[1], b[2] = float("nan"), float("nan")
@@ -51,10 +65,11 @@ def test_reduce(device, dtype, op, n):
     assert (buf[n:].cpu() == 42).all()
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n", [0, 1, 15, 17, 5000, (1 << 19) + 1])
 @pytest.mark.parametrize("dtype", DTYPES[:4], ids=lambda d: str(d).replace("torch.", ""))
-def test_scale(device, dtype):
-    a = data(5000, dtype, 1)
+def test_scale(target, dtype, n):
+    device = target
+    a = data(n, dtype, 1)
     t = a.clone().to(device)
     K.scale_(t, 0.25)
     if dtype in (torch.float16, torch.bfloat16):
@@ -68,9 +83,30 @@ def test_scale(device, dtype):
 
 @settings(max_examples=30, deadline=None)
 @given(n=st.integers(0, 100000), dtype=st.sampled_from(DTYPES), op=st.sampled_from(["sum", "min", "max"]),
-       seed=st.integers(0, 2 ** 31))
-def test_reduce_property(n, dtype, op, seed):
+       seed=st.integers(0, 2 ** 31), isa=st.sampled_from(ISAS), threads=st.sampled_from([1, 2]))
+def test_reduce_property(n, dtype, op, seed, isa, threads):
     a, b = data(n, dtype, seed), data(n, dtype, seed + 1)
     d = a.clone()
-    K.reduce_(d, b, op)
+    K.set_cpu_isa(isa)
+    K.set_cpu_threads(threads)
+    try:
+        K.reduce_(d, b, op)
+    finally:
+        K.set_cpu_isa("avx512")
+        K.set_cpu_threads(0)
     assert same(d, reference(a, b, op))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_half_special_values(target, dtype):
+    """Signed zeros, infinities, NaN and fp16 overflow behave as in the float32 reference."""
+    vals = [0.0, -0.0, 1.0, float("inf"), float("-inf"), float("nan"), 60000.0, -3.0, 0.0, -0.0, 5.0]
+    a = torch.tensor(vals * 3, dtype=dtype)
+    b = torch.tensor(list(reversed(vals)) * 3, dtype=dtype)
+    for op in ("sum", "min", "max"):
+        d = a.clone().to(target)
+        K.reduce_(d, b.to(target), op)
+        want = reference(a, b, op)
+        assert same(d.cpu(), want), op
+        nz = ~torch.isnan(want)
+        assert torch.equal(d.cpu()[nz].view(torch.int16), want[nz].view(torch.int16)), op
