@@ -32,6 +32,7 @@ buckets; after the step it holds the reduced gradient on every rank.
 from __future__ import annotations
 
 import io
+import weakref
 from collections import OrderedDict
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -183,7 +184,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._bucket_of: Dict[int, _Bucket] = {id(p): b for b in self._buckets for p in b.params}
         self._passes: Dict[int, int] = {id(p): 0 for p in trainable}
         self._next_to_start = 0
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in trainable]
+        # The hooks hold the wrapper weakly: a dropped DistributedOptimizer stops reducing.
+        ref = weakref.ref(self)
+
+        def hook(p: torch.Tensor) -> None:
+            opt = ref()
+            if opt is not None:
+                opt._on_grad(p)
+
+        self._hooks = [p.register_post_accumulate_grad_hook(hook) for p in trainable]
 
     # -- wiring ----------------------------------------------------------
     def _alias(self) -> None:

@@ -54,6 +54,32 @@ def algorithm_options() -> Dict[str, dict]:
     return opts
 
 
+OPTION_HELP = {
+    "compression": "gradient compression",
+    "backward_passes_per_step": "backward passes accumulated per gradient reduction",
+    "bucket_mb": "gradient bucket size in MiB",
+    "sync_period": "local steps between synchronizations (tau)",
+    "block_momentum": "block momentum (default 1 - 1/N)",
+    "block_lr": "block learning rate",
+    "nesterov": "Nesterov block momentum (NBM) instead of classic (CBM)",
+    "reset_local_momentum": "zero the local SGD momentum after each block sync",
+    "warmup_steps": "plain SSGD steps before the first block",
+    "moment_sync": "Adam moments at a block sync",
+    "beta": "moving rate of the centre variable",
+    "alpha": "elastic pull on each worker (default beta / N)",
+    "rho": "ADMM penalty parameter",
+    "local_steps": "local optimizer steps per ADMM round",
+}
+
+
+def _defaults() -> Dict[str, Dict[str, object]]:
+    out: Dict[str, Dict[str, object]] = {}
+    for name, cls in algorithms.ALGORITHMS.items():
+        for f in dataclasses.fields(cls.Config):
+            out.setdefault(f.name, {})[name] = f.default
+    return out
+
+
 def flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
@@ -87,15 +113,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default="mlp", help=f"one of {', '.join(MODELS)} (default mlp)")
 
     a = p.add_argument_group("algorithm options (each belongs to the algorithms named)")
+    defaults = _defaults()
     for field, info in algorithm_options().items():
         t = info["type"]
-        who = ", ".join(info["algorithms"])
+        vals = {v for v in defaults[field].values()}
+        default = "" if vals == {None} else (f", default {vals.pop()}" if len(vals) == 1 else ", default " + ", ".join(
+            f"{v} for {a}" for a, v in defaults[field].items()))
+        who = f"{OPTION_HELP.get(field, field)} [{', '.join(info['algorithms'])}{default}]"
         if t is bool:
             a.add_argument(flag(field), dest=field, action=argparse.BooleanOptionalAction,
-                           default=argparse.SUPPRESS, help=f"({who})")
+                           default=argparse.SUPPRESS, help=who)
         else:
             kw = {"choices": list(MOMENT_SYNC)} if field == "moment_sync" else {}
-            a.add_argument(flag(field), dest=field, type=t, default=argparse.SUPPRESS, help=f"({who})", **kw)
+            a.add_argument(flag(field), dest=field, type=t, default=argparse.SUPPRESS, help=who, **kw)
 
     o = p.add_argument_group("output and state")
     o.add_argument("--checkpoint-dir", default=None, help="save checkpoints here (every epoch, and every "

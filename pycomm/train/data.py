@@ -1,8 +1,9 @@
 """Datasets for pycomm-train and their per-rank shards.
 
 ``digits``: scikit-learn's bundled 8x8 handwritten digits (1797 images, 10
-classes, no download), pixels scaled to [0, 1], split 80/20 stratified with
-a fixed seed. ``synthetic``: a deterministic 10-class Gaussian-mixture task
+classes, no download; the CSV is read directly, which is faster than
+importing scikit-learn), pixels scaled to [0, 1], split 80/20 stratified
+with a fixed seed. ``synthetic``: a deterministic 10-class Gaussian-mixture task
 of 8x8 "images". ``npz:PATH``: arrays ``x_train, y_train, x_test, y_test``
 (features (N, D), (N, H, W) or (N, C, H, W); integer labels 0..C-1).
 
@@ -39,16 +40,37 @@ class Dataset:
         return tuple(self.x_train.shape[1:])
 
 
-def _digits() -> Dataset:
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+def _digits_array() -> np.ndarray:
+    """scikit-learn's digits.csv.gz (64 pixels + label per row), read without importing scikit-learn."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("--dataset digits needs scikit-learn (pip install scikit-learn), which bundles it")
+    for root in spec.submodule_search_locations:
+        path = os.path.join(root, "datasets", "data", "digits.csv.gz")
+        if os.path.isfile(path):
+            return np.loadtxt(path, delimiter=",", dtype=np.float64)
+    from sklearn.datasets import load_digits  # a layout we do not know: let scikit-learn find it
 
     d = load_digits()
-    x = (d.images / 16.0).astype(np.float32)[:, None, :, :]
-    y = d.target.astype(np.int64)
-    xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
-    return Dataset("digits", torch.from_numpy(xtr), torch.from_numpy(ytr), torch.from_numpy(xte),
-                   torch.from_numpy(yte), 10)
+    return np.concatenate([d.data, d.target[:, None]], axis=1)
+
+
+def _digits() -> Dataset:
+    raw = _digits_array()
+    x = (raw[:, :64] / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
+    y = raw[:, 64].astype(np.int64)
+    # Stratified 80/20 split with a fixed seed: 20% of every class (rounded) goes to the test set.
+    rng = np.random.default_rng(0)
+    test = []
+    for c in np.unique(y):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        test.extend(idx[:int(round(0.2 * len(idx)))])
+    test_mask = np.zeros(len(y), dtype=bool)
+    test_mask[test] = True
+    return Dataset("digits", torch.from_numpy(x[~test_mask]), torch.from_numpy(y[~test_mask]),
+                   torch.from_numpy(x[test_mask]), torch.from_numpy(y[test_mask]), 10)
 
 
 def _synthetic(n_train: int = 4096, n_test: int = 1024, classes: int = 10) -> Dataset:

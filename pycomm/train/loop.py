@@ -79,7 +79,14 @@ def train(args) -> Dict[str, Any]:
         step = checkpoint.latest_step(args.checkpoint_dir)
         if step is None:
             raise UsageError(f"--resume: no checkpoint in {args.checkpoint_dir!r} (no 'latest' marker)")
-        ck = checkpoint.load(args.checkpoint_dir, step)
+        try:
+            ck = checkpoint.load(args.checkpoint_dir, step)
+        except FileNotFoundError as e:
+            raise UsageError(f"--resume: {e}; was the checkpoint made with a different number of ranks "
+                             f"(this job has {world})?") from None
+        if ck.get("world_size", world) != world:
+            raise UsageError(f"--resume: the checkpoint was made at {ck['world_size']} ranks, this job has {world}; "
+                             "resume with the same number of ranks")
         mismatch = {k: (ck["run"].get(k), v) for k, v in _run_identity(args).items() if ck["run"].get(k) != v}
         if mismatch:
             raise UsageError("--resume: the checkpoint was made with different options: " + "; ".join(
@@ -105,7 +112,7 @@ def train(args) -> Dict[str, Any]:
             print(line, flush=True)
 
     def save_checkpoint() -> None:
-        payload = {"run": _run_identity(args), "algorithm": algo.state_dict(), "loop": dict(state),
+        payload = {"run": _run_identity(args), "world_size": world, "algorithm": algo.state_dict(), "loop": dict(state),
                    "torch_rng": torch.get_rng_state()}
         payload["loop"]["elapsed"] = state["elapsed"] + (time.perf_counter() - t_start)
         checkpoint.save(args.checkpoint_dir, state["global_step"], payload)

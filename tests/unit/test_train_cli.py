@@ -1,0 +1,149 @@
+"""pycomm-train: option and input errors (in process), errors on every rank and exact resume (under mpirun)."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from mpi_launch import run_under_mpi
+from pycomm.train.__main__ import main
+
+FAST = ["--no-progress", "--no-bandwidth-table"]
+
+
+def error_of(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        sys.exit(main(argv))
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_unknown_algorithm_and_optimizer_list_choices(capsys):
+    err = error_of(capsys, ["--algorithm", "sgdx"])
+    assert "unknown algorithm 'sgdx'; choose one of ssgd, model_averaging, bmuf, easgd, admm" in err
+    err = error_of(capsys, ["--optimizer", "lion"])
+    assert "unknown optimizer 'lion'; choose one of sgd, adagrad, rmsprop, adadelta, adam, radam" in err
+
+
+def test_option_not_belonging_to_algorithm(capsys):
+    err = error_of(capsys, ["--algorithm", "model_averaging", "--block-momentum", "0.5"])
+    assert "--block-momentum does not apply to --algorithm model_averaging; its options are: --sync-period" in err
+    err = error_of(capsys, ["--algorithm", "bmuf", "--moment-sync", "sum"])
+    assert "invalid choice: 'sum'" in err
+    err = error_of(capsys, ["--algorithm", "ssgd", "--compression", "onebit"])
+    assert "unknown compression 'onebit'; supported: none" in err
+    err = error_of(capsys, ["--optimizer", "adam", "--momentum", "0.9"])
+    assert "--momentum applies to sgd and rmsprop, not to adam" in err
+
+
+def test_bad_npz(capsys, tmp_path):
+    err = error_of(capsys, ["--dataset", f"npz:{tmp_path}/none.npz", *FAST])
+    assert f"npz file '{tmp_path}/none.npz' does not exist" in err
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a zip file")
+    assert "cannot read npz file" in error_of(capsys, ["--dataset", f"npz:{bad}", *FAST])
+    partial = tmp_path / "partial.npz"
+    np.savez(partial, x_train=np.zeros((10, 4)), y_train=np.zeros(10, dtype=np.int64))
+    err = error_of(capsys, ["--dataset", f"npz:{partial}", *FAST])
+    assert "lacks array(s) x_test, y_test" in err
+    shape = tmp_path / "shape.npz"
+    np.savez(shape, x_train=np.zeros((10, 4)), y_train=np.zeros(9, dtype=np.int64), x_test=np.zeros((3, 4)),
+             y_test=np.zeros(3, dtype=np.int64))
+    assert "y_train has shape (9,), x_train has (10, 4)" in error_of(capsys, ["--dataset", f"npz:{shape}", *FAST])
+    flat = tmp_path / "flat.npz"
+    np.savez(flat, x_train=np.zeros((10, 4)), y_train=np.zeros(10, dtype=np.int64), x_test=np.zeros((3, 4)),
+             y_test=np.zeros(3, dtype=np.int64))
+    err = error_of(capsys, ["--dataset", f"npz:{flat}", "--model", "cnn", *FAST])
+    assert "--model cnn needs image inputs" in err
+
+
+def test_npz_trains_and_batch_larger_than_shard(capsys, tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "blobs.npz"
+    y = rng.integers(0, 3, size=60)
+    x = rng.normal(size=(60, 5)) + 3 * y[:, None]
+    np.savez(path, x_train=x[:48], y_train=y[:48], x_test=x[48:], y_test=y[48:])
+    assert main(["--dataset", f"npz:{path}", "--epochs", "3", "--batch-size", "8", *FAST]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["steps"] == 18 and summary["final_test_accuracy"] > 50
+    err = error_of(capsys, ["--dataset", f"npz:{path}", "--batch-size", "49", *FAST])
+    assert "--batch-size 49 is larger than a rank's shard (48 samples = 48 training samples / 1 ranks)" in err
+
+
+def test_error_on_every_rank_exits_without_hanging(tmp_path):
+    rc, out = run_under_mpi(2, ["-m", "pycomm.train", "--batch-size", "1000", *FAST], timeout=120)
+    assert rc != 0 and rc != -9, out
+    assert out.count("--batch-size 1000 is larger than a rank's shard (719 samples") == 1, out
+
+
+def run_train(tmp, *extra):
+    args = ["-m", "pycomm.train", "--algorithm", "bmuf", "--optimizer", "adam", "--sync-period", "4",
+            "--warmup-steps", "3", "--epochs", "3", "--batch-size", "64", *FAST, *extra]
+    return run_under_mpi(2, args, timeout=240)
+
+
+def summary_of(out):
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    assert lines, out
+    return json.loads(lines[-1])
+
+
+def test_killed_and_resumed_run_is_bitwise_identical(tmp_path):
+    # 2 ranks, 719 samples each, batch 64: 12 steps per epoch, 36 in all.
+    rc, out = run_train(tmp_path, "--checkpoint-dir", str(tmp_path / "a"))
+    assert rc == 0, out
+    whole = summary_of(out)
+    ck = str(tmp_path / "b")
+    rc, out = run_train(tmp_path, "--checkpoint-dir", ck, "--checkpoint-every", "5", "--crash-at-step", "18")
+    assert rc != 0 and "{" not in out, out  # killed mid-epoch 2, mid-block, after the checkpoint at step 15
+    assert open(os.path.join(ck, "latest")).read().strip() == "15"
+    rc, out = run_train(tmp_path, "--checkpoint-dir", ck, "--checkpoint-every", "5", "--resume")
+    assert rc == 0, out
+    assert "resumed at epoch 2, step 3 of 12 (global step 15)" in out
+    resumed = summary_of(out)
+    assert resumed["model_sha256"] == whole["model_sha256"]
+    for key in ("final_train_loss", "final_test_accuracy", "syncs", "bytes_sent", "steps"):
+        assert resumed[key] == whole[key], key
+
+
+@pytest.fixture
+def blobs(tmp_path):
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 3, size=80)
+    x = rng.normal(size=(80, 1, 3, 3)) + y[:, None, None, None]
+    path = tmp_path / "blobs.npz"
+    np.savez(path, x_train=x[:64], y_train=y[:64], x_test=x[64:], y_test=y[64:])
+    return f"npz:{path}"
+
+
+@pytest.mark.parametrize("argv,syncs", [
+    (["--algorithm", "ssgd", "--optimizer", "rmsprop", "--model", "cnn"], 16),
+    (["--algorithm", "model_averaging", "--sync-period", "3", "--optimizer", "adagrad"], 6),  # 5 + final
+    (["--algorithm", "bmuf", "--sync-period", "4", "--warmup-steps", "2", "--optimizer", "radam"], 2 + 4),
+    (["--algorithm", "bmuf", "--sync-period", "4", "--warmup-steps", "0", "--moment-sync", "reset",
+      "--optimizer", "adam", "--no-nesterov", "--block-momentum", "0.5"], 4),
+    (["--algorithm", "easgd", "--sync-period", "5", "--beta", "0.5", "--optimizer", "adadelta"], 4),  # 3 + final
+    (["--algorithm", "admm", "--local-steps", "8", "--rho", "0.5", "--sgd-nesterov"], 2),
+])
+def test_every_algorithm_and_optimizer_runs(capsys, tmp_path, blobs, argv, syncs):
+    metrics = tmp_path / "m" / "metrics.json"
+    assert main([*argv, "--dataset", blobs, "--epochs", "2", "--batch-size", "8", "--metrics-json", str(metrics),
+                 *FAST]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["steps"] == 16 and summary["syncs"] == syncs, summary
+    assert "epoch   2/2  train_loss" in out and "test_acc" in out and "syncs" in out and "bytes_sent" in out
+    saved = json.load(open(metrics))
+    assert [e["epoch"] for e in saved["epochs"]] == [1, 2] and saved["summary"] == summary
+
+
+def test_resume_with_other_options_is_refused(capsys, tmp_path, blobs):
+    ck = str(tmp_path / "ck")
+    assert main(["--dataset", blobs, "--epochs", "1", "--batch-size", "8", "--checkpoint-dir", ck, *FAST]) == 0
+    capsys.readouterr()
+    err = error_of(capsys, ["--dataset", blobs, "--epochs", "2", "--batch-size", "8", "--lr", "0.2",
+                            "--checkpoint-dir", ck, "--resume", *FAST])
+    assert "--resume: the checkpoint was made with different options: lr was None, now 0.2" in err
+    err = error_of(capsys, ["--dataset", blobs, "--checkpoint-dir", str(tmp_path / "empty"), "--resume", *FAST])
+    assert "no checkpoint in" in err
