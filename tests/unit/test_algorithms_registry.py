@@ -43,7 +43,7 @@ def test_defaults_from_the_papers():
     ("model_averaging", {"sync_period": 0}, "sync_period must be >= 1"),
     ("admm", {"rho": 0.0}, "rho must be positive"),
     ("easgd", {"beta": 1.5}, r"beta must be in \[0, 1\]"),
-    ("ssgd", {"compression": "fp16"}, "unknown compression 'fp16'; supported: none"),
+    ("ssgd", {"compression": "fp8"}, "unknown compression 'fp8'; supported: none, fp16, bf16, onebit"),
 ])
 def test_bad_values(name, cfg, msg):
     with pytest.raises(ValueError, match=msg):

@@ -31,8 +31,8 @@ def test_option_not_belonging_to_algorithm(capsys):
     assert "--block-momentum does not apply to --algorithm model_averaging; its options are: --sync-period" in err
     err = error_of(capsys, ["--algorithm", "bmuf", "--moment-sync", "sum"])
     assert "invalid choice: 'sum'" in err
-    err = error_of(capsys, ["--algorithm", "ssgd", "--compression", "onebit"])
-    assert "unknown compression 'onebit'; supported: none" in err
+    err = error_of(capsys, ["--algorithm", "ssgd", "--compression", "fp8"])
+    assert "unknown compression 'fp8'; supported: none, fp16, bf16, onebit" in err
     err = error_of(capsys, ["--optimizer", "adam", "--momentum", "0.9"])
     assert "--momentum applies to sgd and rmsprop, not to adam" in err
 
