@@ -13,8 +13,8 @@
 #include "../kernels/cpu_dispatch.h"
 #include "../kernels/onebit.h"
 #include "algorithms.h"
-#include "coordinator.h"
 #include "engine.h"
+#include "coordinator.h"
 
 namespace pycomm {
 namespace comm {
@@ -259,19 +259,19 @@ WorkPtr Engine::compressed_allreduce(const CompressedArgs& args, std::shared_ptr
       throw CommError("compressed allreduce: the mask must be a host buffer of " + std::to_string(L.n) + " bytes");
   }
 
-  // What the ranks agree on before running (coordinator.h): `extra` is the
-  // compression; compression, mask and op also lead the name
-  // ("onebit+mask:avg:grad.w"), which disagreement messages show.
+  // The agreement check compares the compression too: it leads the name
+  // ("onebit+mask:grad.w"), which the disagreement message shows.
   Signature sig;
-  sig.kind = static_cast<int32_t>(Collective::COMPRESSED);
+  sig.kind = static_cast<int32_t>(Collective::ALLREDUCE);
   sig.dtype = static_cast<int32_t>(args.input.dtype);
   sig.numel = static_cast<int64_t>(args.input.count);
   sig.ndim = 1;
   sig.dims[0] = sig.numel;
-  sig.extra = static_cast<int32_t>(args.compression);
+  sig.op = static_cast<int32_t>(ReduceOp::SUM);
+  sig.extra = args.average ? 1 : 0;
   std::string tag = compression_name(args.compression);
   if (args.mask.data) tag += "+mask";
-  sig.set_name(tag + (args.average ? ":avg:" : ":sum:") + args.name);
+  sig.set_name(tag + ":" + args.name);
 
   return submit_custom(sig, "allreduce " + tag + " " + args.name, std::move(keepalive), [this, args] {
     CompressedStats st;

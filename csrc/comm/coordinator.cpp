@@ -34,7 +34,6 @@ const char* kind_name(int32_t kind) {
     case Collective::BROADCAST: return "broadcast";
     case Collective::ALLGATHER: return "allgather";
     case Collective::BARRIER: return "barrier";
-    case Collective::COMPRESSED: return "compressed allreduce";
   }
   return "unknown";
 }
@@ -73,9 +72,7 @@ std::string Signature::describe() const {
   if (ndim > kMaxDims) s << ", ...";
   s << "]";
   if (ndim > kMaxDims) s << " (" << numel << " elements)";
-  if (op >= 0) s << " op=" << (extra == 1 && kind == static_cast<int32_t>(Collective::ALLREDUCE)
-                                   ? "avg" : kernels::reduce_op_name(static_cast<ReduceOp>(op)));
-  if (kind == static_cast<int32_t>(Collective::COMPRESSED)) s << " compression=" << extra;
+  if (op >= 0) s << " op=" << (extra == 1 ? "avg" : kernels::reduce_op_name(static_cast<ReduceOp>(op)));
   if (algorithm >= 0) s << " algorithm=" << algorithm_name(static_cast<Algorithm>(algorithm));
   if (root >= 0) s << " root=" << root;
   return s.str();

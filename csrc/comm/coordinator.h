@@ -23,7 +23,7 @@
 namespace pycomm {
 namespace comm {
 
-enum class Collective : int32_t { ALLREDUCE = 1, BROADCAST = 2, ALLGATHER = 3, BARRIER = 4, COMPRESSED = 5 };
+enum class Collective : int32_t { ALLREDUCE = 1, BROADCAST = 2, ALLGATHER = 3, BARRIER = 4 };
 
 struct Signature {
   static constexpr int kMaxDims = 6;
@@ -34,7 +34,7 @@ struct Signature {
   int32_t algorithm = -1;  // Algorithm, or -1
   int32_t root = -1;
   int32_t ndim = 0;
-  int32_t extra = 0;       // allreduce: 1 for op=avg; compressed: the compression
+  int32_t extra = 0;       // allreduce: 1 for op=avg
   int32_t pad = 0;
   int64_t numel = 0;       // -1: not compared (allgather's first dimension may differ)
   int64_t dims[kMaxDims] = {0};
