@@ -11,26 +11,16 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import pycomm
+from kernel_targets import DEVICES, ISAS, NO_CUDA, TARGETS, select_target  # noqa: F401
 from pycomm import kernels as K
 
-ISAS = ["avx512", "avx2", "scalar"]
-NO_CUDA = "no CUDA device: torch.cuda.is_available() is False" if not torch.cuda.is_available() else (
-    "pycomm was built without CUDA" if not pycomm.cuda_built else None)
-TARGETS = [pytest.param(("cpu", isa), id=f"cpu-{isa}") for isa in ISAS] + [
-    pytest.param(("cuda", None), id="cuda", marks=pytest.mark.skipif(NO_CUDA is not None, reason=str(NO_CUDA)))]
 SIZES = [0, 1, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 100, 1023, 4099, (1 << 18) + 5]
 HALF = {torch.float16: np.float16, torch.bfloat16: None}
 
 
 @pytest.fixture(params=TARGETS)
 def device(request):
-    dev, isa = request.param
-    if dev == "cpu":
-        if K.set_cpu_isa(isa) != isa:
-            K.set_cpu_isa("avx512")
-            pytest.skip(f"this CPU has no {isa}")
-    yield dev
-    K.set_cpu_isa("avx512")
+    yield from select_target(request)
 
 
 def rng_data(n, seed, spread=3.0):

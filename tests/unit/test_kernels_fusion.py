@@ -5,11 +5,9 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import pycomm
+from kernel_targets import DEVICES, ISAS, NO_CUDA, TARGETS, select_target  # noqa: F401
 from pycomm import kernels as K
 
-NO_CUDA = "no CUDA device: torch.cuda.is_available() is False" if not torch.cuda.is_available() else (
-    "pycomm was built without CUDA" if not pycomm.cuda_built else None)
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(NO_CUDA is not None, reason=str(NO_CUDA)))]
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
 
 

@@ -14,26 +14,16 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import pycomm
+from kernel_targets import DEVICES, ISAS, NO_CUDA, TARGETS, select_target  # noqa: F401
 from pycomm import kernels as K
 
-ISAS = ["avx512", "avx2", "scalar"]
-NO_CUDA = "no CUDA device: torch.cuda.is_available() is False" if not torch.cuda.is_available() else (
-    "pycomm was built without CUDA" if not pycomm.cuda_built else None)
-TARGETS = [pytest.param(("cpu", isa), id=f"cpu-{isa}") for isa in ISAS] + [
-    pytest.param(("cuda", None), id="cuda", marks=pytest.mark.skipif(NO_CUDA is not None, reason=str(NO_CUDA)))]
 SIZES = [0, 1, 5, 7, 8, 9, 16, 17, 31, 32, 33, 63, 64, 65, 127, 129, 1000, 4099, 65536 + 13]
 CHUNKS = [8, 16, 24, 64, 264, 4096, None]
 
 
 @pytest.fixture(params=TARGETS)
 def device(request):
-    dev, isa = request.param
-    if dev == "cpu":
-        if K.set_cpu_isa(isa) != isa:
-            K.set_cpu_isa("avx512")
-            pytest.skip(f"this CPU has no {isa}")
-    yield dev
-    K.set_cpu_isa("avx512")
+    yield from select_target(request)
 
 
 def whole(n):

@@ -5,25 +5,14 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import pycomm
+from kernel_targets import DEVICES, ISAS, NO_CUDA, TARGETS, select_target  # noqa: F401
 from pycomm import kernels as K
 
-NO_CUDA = "no CUDA device: torch.cuda.is_available() is False" if not torch.cuda.is_available() else (
-    "pycomm was built without CUDA" if not pycomm.cuda_built else None)
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(NO_CUDA is not None, reason=str(NO_CUDA)))]
-ISAS = ["avx512", "avx2", "scalar"]  # the hand-written fp16/bf16 variants
-TARGETS = [pytest.param(("cpu", isa), id=f"cpu-{isa}") for isa in ISAS] + [
-    pytest.param(("cuda", None), id="cuda", marks=pytest.mark.skipif(NO_CUDA is not None, reason=str(NO_CUDA)))]
 
 
 @pytest.fixture(params=TARGETS)
 def target(request):
-    dev, isa = request.param
-    if dev == "cpu":
-        if K.set_cpu_isa(isa) != isa:
-            K.set_cpu_isa("avx512")
-            pytest.skip(f"this CPU has no {isa}")
-    yield dev
-    K.set_cpu_isa("avx512")
+    yield from select_target(request)
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
 SIZES = [0, 1, 7, 8, 9, 31, 33, 1000, 4099, (1 << 19) + 3]
 
