@@ -14,8 +14,9 @@ training step with:
 - ddp-hook-<c>   torch DDP with pycomm's comm hook (pycomm.ddp_hooks) for c in fp16, onebit
 
 samples/s counts every rank's samples (global batch per step / step time);
-the step time is the median over steps of the slowest rank. Ratios are
-against ddp-gloo measured in the same run. wire MB/step is what one rank
+the step time is the median over steps of the slowest rank. The modes run
+round-robin (one step of each per round), so load changes during the run
+hit all of them alike; ratios are against ddp-gloo measured in the same run. wire MB/step is what one rank
 sends per step for the gradients (pycomm rows; DDP-gloo's ring would send
 what pycomm-none sends).
 """
@@ -92,34 +93,41 @@ def build(mode: str, model_name: str):
     raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
 
 
-def time_mode(mode, model_name, comm, batch, steps, warmup):
+def time_modes(modes, model_name, comm, batch, steps, warmup):
+    """Time one training step of every mode, round-robin: each round runs one step of each mode,
+    so a change in machine load during the run hits every mode alike."""
     from mpi4py import MPI
 
-    model, opt, meter = build(mode, model_name)
-    shape = (batch, 1, 28, 28)
+    runs = {m: build(m, model_name) for m in modes}
     g = torch.Generator().manual_seed(comm.rank)
-    x = torch.randn(shape, generator=g)
+    x = torch.randn((batch, 1, 28, 28), generator=g)
     y = torch.randint(0, 10, (batch,), generator=g)
     loss_fn = nn.CrossEntropyLoss()
-    times = []
-    wire0 = 0
+    times = {m: [] for m in modes}
+    wire0 = {}
     for i in range(warmup + steps):
-        if i == warmup:
-            wire0 = _wire(meter)
-        comm.Barrier()
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        loss_fn(model(x), y).backward()
-        opt.step()
-        dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-        if i >= warmup:
-            times.append(dt)
-    t = statistics.median(times)
-    wire = (_wire(meter) - wire0) / steps if meter is not None else None
-    params = sum(p.numel() for p in model.parameters())
-    return dict(model=model_name, mode=mode, ranks=comm.size, batch_per_rank=batch, params=params,
-                step_ms=t * 1e3, samples_per_s=batch * comm.size / t, wire_mb_per_step=None if wire is None
-                else wire / 1e6)
+        for m in modes:
+            model, opt, meter = runs[m]
+            if i == warmup:
+                wire0[m] = _wire(meter)
+            comm.Barrier()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+            dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            if i >= warmup:
+                times[m].append(dt)
+    rows = []
+    for m in modes:
+        model, _, meter = runs[m]
+        t = statistics.median(times[m])
+        wire = (_wire(meter) - wire0[m]) / steps if meter is not None else None
+        rows.append(dict(model=model_name, mode=m, ranks=comm.size, batch_per_rank=batch,
+                         params=sum(p.numel() for p in model.parameters()), step_ms=t * 1e3,
+                         samples_per_s=batch * comm.size / t,
+                         wire_mb_per_step=None if wire is None else wire / 1e6))
+    return rows
 
 
 def _wire(meter) -> int:
@@ -157,20 +165,17 @@ def main(argv=None):
         print(f"# {'model':>5} {'params':>9} {'mode':>16} {'step_ms':>9} {'samples/s':>10} {'vs ddp':>7} "
               f"{'wire MB/step':>12}")
     for model_name in filter(None, args.models.split(",")):
-        base = None
-        for mode in modes:
-            row = time_mode(mode, model_name, comm, args.batch, args.steps, args.warmup)
-            rows.append(row)
-            if mode == "ddp-gloo":
-                base = row["samples_per_s"]
-            if comm.rank == 0:
-                ratio = f"{row['samples_per_s'] / base:.2f}x" if base else "-"
-                wire = "-" if row["wire_mb_per_step"] is None else f"{row['wire_mb_per_step']:.3f}"
-                print(f"  {model_name:>5} {row['params']:>9} {mode:>16} {row['step_ms']:>9.2f} "
-                      f"{row['samples_per_s']:>10.0f} {ratio:>7} {wire:>12}", flush=True)
-        for row in rows:
-            if row["model"] == model_name and base:
+        model_rows = time_modes(modes, model_name, comm, args.batch, args.steps, args.warmup)
+        base = next((r["samples_per_s"] for r in model_rows if r["mode"] == "ddp-gloo"), None)
+        for row in model_rows:
+            if base:
                 row["vs_ddp_gloo"] = row["samples_per_s"] / base
+            rows.append(row)
+            if comm.rank == 0:
+                ratio = f"{row['vs_ddp_gloo']:.2f}x" if base else "-"
+                wire = "-" if row["wire_mb_per_step"] is None else f"{row['wire_mb_per_step']:.3f}"
+                print(f"  {model_name:>5} {row['params']:>9} {row['mode']:>16} {row['step_ms']:>9.2f} "
+                      f"{row['samples_per_s']:>10.0f} {ratio:>7} {wire:>12}", flush=True)
     if comm.rank == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -89,10 +89,11 @@ def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "aut
         from .compression import resolve
 
         compressor = resolve(compression)
-        if algorithm != "auto":
-            raise ValueError(f"pycomm.allreduce: algorithm={algorithm!r} applies to compression='none'; "
-                             f"compression={compressor.name!r} runs its own scheme (leave algorithm='auto')")
-        return compressor.allreduce_async(tensor, op=op, name=name, out=out, _blocking=_blocking)
+        if compressor.name != "none":
+            if algorithm != "auto":
+                raise ValueError(f"pycomm.allreduce: algorithm={algorithm!r} applies to compression='none'; "
+                                 f"compression={compressor.name!r} runs its own scheme (leave algorithm='auto')")
+            return compressor.allreduce_async(tensor, op=op, name=name, out=out, _blocking=_blocking)
     reduce_op = "sum" if op == "avg" else op
     return _C.allreduce_async(tensor, out, reduce_op, op == "avg", algorithm, name or "", _blocking)
 

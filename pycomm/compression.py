@@ -261,6 +261,10 @@ class OneBit(_EngineCompressor):
     exp_avg_mask). Masks are configuration, not state: they are not in
     ``state_dict()``.
 
+    Training: with plain SGD on the compressed gradient average the final
+    loss matches float32 closely; heavy-ball momentum on top of 1-bit
+    gradients lags (compress the momentum instead, as 1-bit Adam does).
+
     Checkpoints: ``state_dict()`` waits for the calls in flight and returns
     copies of this rank's residuals with the world size. Loading into a job of
     another world size keeps the worker residuals and zeroes the server

@@ -275,3 +275,12 @@ def test_a_new_compressor_plugs_in_without_the_engine(comm):
         assert np.allclose(y.numpy(), np.mean(xs, axis=0), rtol=1e-6)
     finally:
         pycomm.compression._REGISTRY.pop("int16")
+
+
+def test_none_compressor_is_the_plain_allreduce():
+    from pycomm.compression import NoCompression
+
+    x = torch.arange(7, dtype=torch.float64)
+    y = pycomm.allreduce(x.clone(), op="sum", algorithm="ring", compression=NoCompression())
+    assert torch.equal(y, x * pycomm.size())
+    assert pycomm.compression.default("none").name == "none"

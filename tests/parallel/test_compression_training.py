@@ -64,6 +64,8 @@ def baseline():
 
 @pytest.mark.parametrize("compression,tolerance", [("onebit", 0.05), ("fp16", 0.01), ("bf16", 0.01)])
 def test_final_loss_close_to_uncompressed(compression, tolerance, comm):
+    if pycomm.size() != 4:
+        pytest.skip("the convergence comparison runs at 4 ranks (the harness runs this file at 1..4)")
     t0 = time.perf_counter()
     loss, model, opt = train(compression)
     base = baseline()
