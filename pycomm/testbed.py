@@ -481,8 +481,8 @@ def _cleanup_stale() -> None:
 
 def create(name: str, hosts: int = 2, link_gbps: float = 1.0, persistent: bool = False) -> BedSpec:
     """Create a bed; on any failure remove what was created and raise TestbedError."""
-    _require_available()
     BedSpec(name=name, hosts=hosts, link_gbps=link_gbps, subnet_index=0)  # validate before touching anything
+    _require_available()
     with _lock():
         _cleanup_stale()
         if load(name) is not None:

@@ -1,0 +1,108 @@
+"""pycomm across two emulated hosts joined by a 1 Gbit/s shaped link (pycomm-testbed).
+
+One job of 2 hosts x 2 ranks runs tests/multihost/rank_checks.py; the tests
+here read its report. Skipped, with the reason, where a bed cannot be made
+(not root, no network namespaces, no iproute2).
+"""
+import json
+import os
+import sys
+import time
+
+import pytest
+
+from pycomm import collectives, testbed
+
+HOSTS, RANKS_PER_HOST, LINK_GBPS = 2, 2, 1.0
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RANK_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_checks.py")
+
+_ok, _why = testbed.available()
+if not _ok:
+    pytest.skip(f"multi-host test bed unavailable: {_why}", allow_module_level=True)
+
+ALGORITHMS = tuple(collectives.ALLREDUCE_ALGORITHMS)
+COMPRESSIONS = tuple(getattr(collectives, "COMPRESSIONS", ("none",)))
+# Bytes a host must send across the link per allreduce of S bytes, as a multiple of S.
+# Flat ring over 2x2 (ranks 0,1 | 2,3): the ring crosses the link once each way and every rank
+# sends 2(N-1)/N S = 1.5 S. Any allreduce between 2 hosts moves at least S each way
+# (hierarchical, MPI's own): that lower bound is used for everything else.
+LINK_FACTOR = {"ring": 1.5}
+# Fraction of the uncompressed bytes a compression puts on the wire (lower bound).
+WIRE_FRACTION = {"none": 1.0, "fp16": 0.5, "bf16": 0.5, "onebit": 1 / 32}
+
+
+def expected_link_bytes(algorithm: str, compression: str, nbytes: int) -> float:
+    return LINK_FACTOR.get(algorithm, 1.0) * WIRE_FRACTION.get(compression, 0.0) * nbytes
+
+
+@pytest.fixture(scope="module")
+def report():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    t0 = time.monotonic()
+    with testbed.Testbed(hosts=HOSTS, link_gbps=LINK_GBPS) as bed:
+        before = bed.link_bytes()
+        res = bed.run(HOSTS * RANKS_PER_HOST, [sys.executable, RANK_PROGRAM], ranks_per_host=RANKS_PER_HOST,
+                      env=env, timeout=300, capture=True, cwd=ROOT)
+        after = bed.link_bytes()
+    out = res.stdout or ""
+    lines = [ln for ln in out.splitlines() if ln.startswith("MULTIHOST-RESULT ")]
+    if res.returncode != 0 or not lines:
+        pytest.fail(f"the job across the bed failed (exit {res.returncode}):\n{out[-12000:]}", pytrace=False)
+    data = json.loads(lines[-1][len("MULTIHOST-RESULT "):])
+    data["outside"] = {h: after[h] - before[h] for h in before}
+    data["seconds"] = time.monotonic() - t0
+    print(f"\nmulti-host job: {data['seconds']:.1f} s; bytes sent per host over the links: {data['outside']}")
+    for key, entry in data["checks"].items():
+        sent = entry.get("sent_by_host")
+        ratio = ", ".join(f"{s / data['link_bytes']:.3f}" for s in sent) if sent else "-"
+        print(f"  {key:<20} link bytes per host / S: {ratio}  {entry.get('error') or entry.get('unsupported') or ''}")
+    return data
+
+
+def test_topology_is_two_nodes_from_mpi(report):
+    ranks = sorted(report["ranks"], key=lambda r: r["rank"])
+    assert len(ranks) == HOSTS * RANKS_PER_HOST
+    for r in ranks:
+        assert r["ranks_per_node_env"] is None, "PYCOMM_RANKS_PER_NODE reached the ranks"
+        assert not r["virtual_nodes"]
+        assert r["num_nodes"] == HOSTS, f"rank {r['rank']} sees {r['num_nodes']} nodes"
+        assert r["local_size"] == RANKS_PER_HOST
+        assert r["node_rank"] == r["rank"] // RANKS_PER_HOST
+        assert r["local_rank"] == r["rank"] % RANKS_PER_HOST
+    hosts = [r["host"] for r in ranks]
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3], f"hostnames {hosts}"
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_allreduce_matches_mpi4py(report, algorithm, compression):
+    entry = report["checks"][f"{algorithm}/{compression}"]
+    if "unsupported" in entry:
+        pytest.skip(f"{algorithm} with {compression}: {entry['unsupported']}")
+    assert entry["error"] is None, entry["error"]
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_traffic_crossed_the_shaped_link(report, algorithm, compression):
+    entry = report["checks"][f"{algorithm}/{compression}"]
+    if "unsupported" in entry:
+        pytest.skip(f"{algorithm} with {compression}: {entry['unsupported']}")
+    nbytes = report["link_bytes"]
+    want = expected_link_bytes(algorithm, compression, nbytes)
+    sent = entry["sent_by_host"]
+    assert len(sent) == HOSTS
+    for host, got in enumerate(sent):
+        assert got >= want, (f"host {host} sent {got} bytes through its shaped link during an allreduce of "
+                             f"{nbytes} bytes with {algorithm}/{compression}; expected at least {want:.0f} "
+                             "(traffic bypassed the link?)")
+
+
+def test_link_counters_seen_from_outside(report):
+    """The root namespace's view of the qdisc counters covers every measured allreduce."""
+    total = sum(expected_link_bytes(k.split("/")[0], k.split("/")[1], report["link_bytes"])
+                for k, e in report["checks"].items() if "unsupported" not in e)
+    for host, sent in report["outside"].items():
+        assert sent >= total, f"{host} sent {sent} bytes, expected at least {total:.0f}"
