@@ -335,6 +335,20 @@ def available() -> Tuple[bool, str]:
         return False, "pycomm-testbed needs Linux network namespaces"
     if os.geteuid() != 0:
         return False, "pycomm-testbed needs root (network namespaces, veth, tc); run as root or in a root container"
+    try:
+        with open("/proc/self/uid_map") as f:
+            uid_map = f.read().split()
+        with open("/proc/self/status") as f:
+            cap_eff = int(re.search(r"^CapEff:\s*([0-9a-f]+)", f.read(), re.M).group(1), 16)
+    except (OSError, AttributeError):
+        uid_map, cap_eff = [], 0
+    if uid_map[:3] != ["0", "0", "4294967295"]:
+        return False, ("pycomm-testbed needs root of the machine (or of a privileged container); this root is "
+                       "mapped in a user namespace (rootless container?) and cannot add interfaces to this "
+                       "network namespace")
+    missing = [name for bit, name in ((12, "CAP_NET_ADMIN"), (21, "CAP_SYS_ADMIN")) if not cap_eff >> bit & 1]
+    if missing:
+        return False, f"pycomm-testbed needs {' and '.join(missing)} (run the container with --privileged)"
     for tool, pkg in (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux")):
         if shutil.which(tool) is None:
             return False, f"`{tool}` not found: install {pkg} (apt-get install {pkg})"
