@@ -554,8 +554,9 @@ def run_job(spec: BedSpec, np: Optional[int], argv: Sequence[str], *, ranks_per_
             verbose: bool = True) -> subprocess.CompletedProcess:
     """Run `argv` on `np` ranks spread over the bed's hosts (`ranks_per_host` per host, filled in order).
 
-    Returns the CompletedProcess (stdout holds stdout+stderr when capture=True). On timeout or Ctrl-C
-    the whole job is ended, also its processes inside the namespaces.
+    Returns the CompletedProcess (stdout holds stdout+stderr when capture=True). On timeout, Ctrl-C or
+    failure the whole job is ended, also what is left of it inside the namespaces (so a bed runs one job
+    at a time).
     """
     if ranks_per_host is None:
         ranks_per_host = max(1, -(-(np or spec.hosts) // spec.hosts))
@@ -569,6 +570,9 @@ def run_job(spec: BedSpec, np: Optional[int], argv: Sequence[str], *, ranks_per_
     launcher = find_launcher(launcher)
     flavour = mpi_flavour(launcher)
     full_env = job_env(env, spec, np)
+    if verbose and (os.environ if env is None else env).get("PYCOMM_RANKS_PER_NODE"):
+        print(f"pycomm-testbed[{spec.name}]: PYCOMM_RANKS_PER_NODE is not passed on: in the bed, nodes are the "
+              "emulated hosts, as MPI sees them", file=sys.stderr, flush=True)
     cmd, launch_env = mpi_command(spec, np, argv, ranks_per_host=ranks_per_host, launcher=launcher,
                                   flavour=flavour, env=full_env, extra=extra)
     full_env.update(launch_env)
@@ -589,8 +593,8 @@ def run_job(spec: BedSpec, np: Optional[int], argv: Sequence[str], *, ranks_per_
             msg = f"\n*** pycomm-testbed: job killed after {timeout:.0f} s ***\n"
             return subprocess.CompletedProcess(cmd, 124, (out or "") + msg if capture else None)
         raise
-    # A job that ended leaves nothing behind; daemons of a crashed one may linger.
-    _kill_namespace_processes(spec.namespaces)
+    if proc.returncode != 0:  # daemons and ranks of a failed job may linger in the namespaces
+        _kill_namespace_processes(spec.namespaces)
     return subprocess.CompletedProcess(cmd, proc.returncode, out)
 
 
