@@ -41,9 +41,22 @@ def compressions():
     return tuple(getattr(collectives, "COMPRESSIONS", ("none",)))
 
 
-def allreduce(x, algorithm, compression, name):
+def allreduce(x, algorithm, compression, name, op="sum"):
     kw = {} if compression == "none" else {"compression": compression}
-    return pycomm.allreduce(x, op="sum", algorithm=algorithm, name=name, **kw)
+    return pycomm.allreduce(x, op=op, algorithm=algorithm, name=name, **kw)
+
+
+def choose_op(algorithm, compression):
+    """'sum', or 'avg' for a compression that only averages (refused before any communication)."""
+    x = torch.ones(256 * 4, dtype=torch.float32)
+    try:
+        allreduce(x, algorithm, compression, name=f"mh.op.{algorithm}.{compression}")
+        return "sum"
+    except (ValueError, TypeError):
+        if compression == "none":
+            raise
+        allreduce(x, algorithm, compression, name=f"mh.op.{algorithm}.{compression}", op="avg")
+        return "avg"
 
 
 def digest(t):
@@ -67,9 +80,10 @@ def data(rank, count, dtype, seed, exact_sign=False):
     return torch.from_numpy(x).to(dtype)
 
 
-def check_correct(comm, MPI, algorithm, compression):
+def check_correct(comm, MPI, algorithm, compression, op):
     """None when correct, else a message."""
     rank = comm.rank
+    div = comm.size if op == "avg" else 1
     if compression == "none":
         cases = [(dt, c, False) for dt in (torch.float64, torch.float32) for c in COUNTS]
     elif compression in LOSSY_TOL:
@@ -83,8 +97,9 @@ def check_correct(comm, MPI, algorithm, compression):
         absx = np.abs(x.numpy()).astype(np.float64)
         mag = np.empty(count)
         comm.Allreduce(absx, mag, op=MPI.SUM)
-        y = allreduce(x.clone(), algorithm, compression, name=f"mh.{algorithm}.{compression}.{dtype}.{count}")
-        what = f"{algorithm}/{compression} {str(dtype).replace('torch.', '')}[{count}]"
+        ref, mag = ref / div, mag / div
+        y = allreduce(x.clone(), algorithm, compression, name=f"mh.{algorithm}.{compression}.{dtype}.{count}", op=op)
+        what = f"{algorithm}/{compression} {op} {str(dtype).replace('torch.', '')}[{count}]"
         if y.shape != x.shape or y.dtype != x.dtype:
             return f"{what}: result is {y.dtype}{list(y.shape)}"
         err = np.abs(y.numpy().astype(np.float64) - ref.astype(np.float64))
@@ -106,14 +121,14 @@ def check_correct(comm, MPI, algorithm, compression):
     return None
 
 
-def measure_link(comm, local, algorithm, compression):
+def measure_link(comm, local, algorithm, compression, op):
     """Bytes each host sent over its link during one allreduce of LINK_BYTES (list by node)."""
     x = data(comm.rank, LINK_BYTES // 4, torch.float32, seed=5)
-    allreduce(x.clone(), algorithm, compression, name=f"mh.warm.{algorithm}.{compression}")  # connections up
+    allreduce(x.clone(), algorithm, compression, name=f"mh.warm.{algorithm}.{compression}", op=op)  # connect
     comm.Barrier()
     before = host_sent() if local.rank == 0 else 0
     comm.Barrier()
-    allreduce(x, algorithm, compression, name=f"mh.link.{algorithm}.{compression}")
+    allreduce(x, algorithm, compression, name=f"mh.link.{algorithm}.{compression}", op=op)
     comm.Barrier()
     sent = host_sent() - before if local.rank == 0 else None
     return [s for s in comm.allgather(sent) if s is not None]
@@ -138,8 +153,10 @@ def main():
             key = f"{algorithm}/{compression}"
             entry = {}
             try:
-                entry["error"] = check_correct(comm, MPI, algorithm, compression)
-                entry["sent_by_host"] = measure_link(comm, local, algorithm, compression)
+                op = choose_op(algorithm, compression)
+                entry["op"] = op
+                entry["error"] = check_correct(comm, MPI, algorithm, compression, op)
+                entry["sent_by_host"] = measure_link(comm, local, algorithm, compression, op)
             except (ValueError, TypeError) as e:  # refused before any communication, alike on every rank
                 entry = {"unsupported": str(e)}
             result["checks"][key] = entry
