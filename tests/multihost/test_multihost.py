@@ -16,6 +16,7 @@ from pycomm import collectives, testbed
 HOSTS, RANKS_PER_HOST, LINK_GBPS = 2, 2, 1.0
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANK_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_checks.py")
+MPI_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_probe.py")
 
 _ok, _why = testbed.available()
 if not _ok:
@@ -106,3 +107,23 @@ def test_link_counters_seen_from_outside(report):
                 for k, e in report["checks"].items() if "unsupported" not in e)
     for host, sent in report["outside"].items():
         assert sent >= total, f"{host} sent {sent} bytes, expected at least {total:.0f}"
+
+
+@pytest.mark.skipif(not os.environ.get("PYCOMM_TEST_MPICH_PREFIX"),
+                    reason="set PYCOMM_TEST_MPICH_PREFIX to an environment with mpi4py on MPICH (bin/python, "
+                           "bin/mpiexec) to check the hydra launch across the bed")
+def test_mpich_launch_crosses_the_link():
+    prefix = os.environ["PYCOMM_TEST_MPICH_PREFIX"]
+    with testbed.Testbed(hosts=HOSTS, link_gbps=LINK_GBPS) as bed:
+        res = bed.run(HOSTS * RANKS_PER_HOST, [os.path.join(prefix, "bin", "python"), MPI_PROBE],
+                      ranks_per_host=RANKS_PER_HOST, launcher=os.path.join(prefix, "bin", "mpiexec"),
+                      timeout=120, capture=True)
+    lines = [ln for ln in (res.stdout or "").splitlines() if ln.startswith("MPI-PROBE ")]
+    assert res.returncode == 0 and lines, res.stdout[-8000:]
+    probe = json.loads(lines[-1][len("MPI-PROBE "):])
+    assert "MPICH" in probe["library"], probe["library"]
+    assert probe["correct"]
+    assert probe["local_sizes"] == [RANKS_PER_HOST] * (HOSTS * RANKS_PER_HOST)
+    assert len(set(probe["hosts"])) == HOSTS
+    for got in probe["sent_by_host"]:
+        assert got >= probe["bytes"], f"a host sent {got} bytes for an Allreduce of {probe['bytes']}: shared memory?"
