@@ -35,6 +35,14 @@ Python::
         rc = bed.run(4, ["python", "x.py"], ranks_per_host=2)
         sent = {h: bed.link_bytes()[h] - before[h] for h in before}
 
+Benchmarks: ``pycomm-testbed run --hosts 2 --ranks-per-host 2 --link-gbps 1 -- python bench/x.py ...``
+runs any program inside a one-shot bed; a program with its own ``--testbed 2x2`` option calls
+``relaunch("2x2", link_gbps)`` when ``PYCOMM_TESTBED`` is unset (see bench/testbed.py).
+
+Requirements: root of the machine or of a privileged container (CAP_NET_ADMIN, CAP_SYS_ADMIN, not a
+user namespace), the kernel's veth, bridge and sch_tbf, and on Debian the packages iproute2 and
+util-linux. ``available()`` checks all of this without changing anything and says what is missing.
+
 Everything the bed creates is named after it (namespaces ``<name>h0``..,
 veths ``<name>v0``.., bridge ``<name>br``) and recorded in
 ``/run/pycomm-testbed/<name>.json``; teardown removes exactly those objects and
@@ -836,8 +844,13 @@ def _cli_run(args) -> int:
         return 0
     check_layout(existing.hosts if existing else hosts, np, rph)
     if existing is not None:
-        return run_job(existing, np, command, ranks_per_host=rph, launcher=args.launcher, timeout=args.timeout,
-                       extra=args.mpi_arg).returncode
+        before = link_bytes(existing)
+        rc = run_job(existing, np, command, ranks_per_host=rph, launcher=args.launcher, timeout=args.timeout,
+                     extra=args.mpi_arg).returncode
+        after = link_bytes(existing)
+        print("pycomm-testbed: bytes sent over the links during the job: "
+              + ", ".join(f"{h} {after[h] - before[h]}" for h in after), file=sys.stderr, flush=True)
+        return rc
     # One-shot: a bed of our own, removed whatever happens.
     with Testbed(hosts=hosts, link_gbps=link) as bed:
         print(f"pycomm-testbed: one-shot bed {bed.name}: {hosts} hosts on {bed.subnet}, {link:g} Gbit/s",
