@@ -470,8 +470,24 @@ def _kill_namespace_processes(namespaces: Sequence[str]) -> None:
             time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def _signals_held():
+    """Hold Ctrl-C/TERM/HUP back while a teardown runs, so that a second Ctrl-C cannot leave half a bed."""
+    sigs = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _teardown(spec: BedSpec) -> List[str]:
     """Remove what `spec.created` lists; return the errors (teardown goes on past them)."""
+    with _signals_held():
+        return _teardown_now(spec)
+
+
+def _teardown_now(spec: BedSpec) -> List[str]:
     errors = []
     _kill_namespace_processes([n for k, n in spec.created if k == "netns"])
     for argv in teardown_commands(spec.created):
