@@ -14,8 +14,8 @@ algorithm x compression pycomm offers and rank 0 prints one row each:
   (from the tbf qdisc counters, the host's egress; includes TCP/IP headers);
 - model: f * w * S / B, with B the link rate, f the bytes per direction over
   the link per S (flat ring over M hosts x L ranks: 2(N-1)/N = 1.5 for 2x2;
-  hierarchical: 2(M-1)/M = 1.0; MPI's own: unknown, the 2-host lower bound 1.0
-  is shown) and w the compression's wire fraction (fp16/bf16 1/2, onebit 1/32).
+  hierarchical: 2(M-1)/M = 1.0; MPI's own and auto: not known in advance, the
+  lower bound for any allreduce between M hosts, 2(M-1)/M, is shown) and w the compression's wire fraction (fp16/bf16 1/2, onebit 1/32).
   Latency (alpha) and reduction (gamma) terms are left out: at 64 MiB over
   1 Gbit/s they are below 1%.
 """
@@ -49,11 +49,12 @@ def model_factor(algorithm: str, hosts: int, ranks_per_host: int) -> float:
     n = hosts * ranks_per_host
     if algorithm.startswith("hier"):
         return 2 * (hosts - 1) / hosts
-    if algorithm in ("ring", "auto"):  # auto = ring at this size
+    if algorithm == "ring":
         # A flat ring in rank order crosses each host boundary once per direction: every rank sends
         # 2(N-1)/N S, so each boundary link carries 2(N-1)/N S each way.
         return 2 * (n - 1) / n if hosts > 1 else 0.0
-    return 2 * (hosts - 1) / hosts  # MPI's own: the lower bound for any allreduce between the hosts
+    # mpi (MPI's own), auto (pycomm's choice): the lower bound for any allreduce between the hosts.
+    return 2 * (hosts - 1) / hosts
 
 
 def host_sent() -> int:
@@ -111,7 +112,7 @@ def measure(args) -> int:
             name = f"bench.{algorithm}.{compression}"
             try:
                 pycomm.allreduce(x.clone(), algorithm=algorithm, name=name, **kw)  # warm-up, connections
-            except (ValueError, TypeError) as e:
+            except (ValueError, TypeError, pycomm.CommError) as e:  # refused alike on every rank
                 if comm.rank == 0:
                     print(f"# {algorithm}/{compression}: skipped: {e}", flush=True)
                 continue
@@ -146,11 +147,11 @@ def measure(args) -> int:
         print(f"# allreduce of {nbytes} bytes (float32), {n} ranks = {hosts} hosts x {rph}, link "
               f"{args.link_gbps:g} Gbit/s per host egress, median of {args.iters}")
         print(f"# link measured now (Sendrecv, S each way): {link_meas * 8 / 1e9:.3f} Gbit/s per direction")
-        hdr = (f"{'algorithm':<14}{'compression':<12}{'time ms':>9}{'algbw':>8}{'busbw':>8}{'link/S':>8}"
+        hdr = (f"{'algorithm':<20}{'compression':<12}{'time ms':>9}{'algbw':>8}{'busbw':>8}{'link/S':>8}"
                f"{'model f':>9}{'model ms':>10}{'model busbw':>12}{'meas/model':>11}{'model@link ms':>14}")
         print(hdr)
         for r in rows:
-            print(f"{r['algorithm']:<14}{r['compression']:<12}{r['time_s'] * 1e3:>9.0f}{r['algbw_gbps']:>8.3f}"
+            print(f"{r['algorithm']:<20}{r['compression']:<12}{r['time_s'] * 1e3:>9.0f}{r['algbw_gbps']:>8.3f}"
                   f"{r['busbw_gbps']:>8.3f}{r['link_over_S']:>8.3f}{r['model_factor']:>9.3f}"
                   f"{r['model_time_s'] * 1e3:>10.0f}{r['model_busbw_gbps']:>12.3f}"
                   f"{r['time_s'] / r['model_time_s'] if r['model_time_s'] else float('nan'):>11.2f}"

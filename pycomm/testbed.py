@@ -270,6 +270,7 @@ def mpi_command(spec: BedSpec, np: int, argv: Sequence[str], *, ranks_per_host: 
             "--prtemca", "plm_ssh_agent", spec.agent,
             "--prtemca", "oob_tcp_if_include", spec.subnet,
             "--mca", "pml", "ob1",
+            "--mca", "osc", "^ucx",  # UCX finds no device in a namespace (noise) and must not bypass the link
             "--mca", "btl", "tcp,sm,self",
             "--mca", "btl_tcp_if_include", spec.subnet,
             "--mca", "btl_tcp_links", "2",

@@ -154,6 +154,10 @@ def main():
             entry = {}
             try:
                 op = choose_op(algorithm, compression)
+            except pycomm.CommError as e:  # e.g. a single-node algorithm in a job across hosts
+                result["checks"][key] = {"refused": str(e)}
+                continue
+            try:
                 entry["op"] = op
                 entry["error"] = check_correct(comm, MPI, algorithm, compression, op)
                 entry["sent_by_host"] = measure_link(comm, local, algorithm, compression, op)

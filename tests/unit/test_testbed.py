@@ -83,7 +83,7 @@ def test_openmpi_command_has_the_multihost_flags():
     assert cmd[:3] == ["mpirun", "-np", "4"] and cmd[-2:] == ["python", "x.py"]
     text = " ".join(cmd)
     for flags in ("--allow-run-as-root", f"--hostfile {s.hostfile}", "--map-by ppr:2:node",
-                  f"--prtemca plm_ssh_agent {s.agent}", "--mca pml ob1", "--mca btl tcp,sm,self",
+                  f"--prtemca plm_ssh_agent {s.agent}", "--mca pml ob1", "--mca osc ^ucx", "--mca btl tcp,sm,self",
                   "--mca btl_tcp_if_include 10.77.7.0/24", "--prtemca oob_tcp_if_include 10.77.7.0/24",
                   "--mca mpi_yield_when_idle 1", "--mca btl_tcp_links 2", "-x PYCOMM_A=1"):
         assert flags in text, flags
