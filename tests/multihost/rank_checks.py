@@ -52,10 +52,13 @@ def choose_op(algorithm, compression):
     try:
         allreduce(x, algorithm, compression, name=f"mh.op.{algorithm}.{compression}")
         return "sum"
-    except (ValueError, TypeError):
+    except (ValueError, TypeError) as refused:
         if compression == "none":
             raise
-        allreduce(x, algorithm, compression, name=f"mh.op.{algorithm}.{compression}", op="avg")
+        try:
+            allreduce(x, algorithm, compression, name=f"mh.op.{algorithm}.{compression}", op="avg")
+        except (ValueError, TypeError):
+            raise refused from None
         return "avg"
 
 
@@ -156,6 +159,9 @@ def main():
                 op = choose_op(algorithm, compression)
             except pycomm.CommError as e:  # e.g. a single-node algorithm in a job across hosts
                 result["checks"][key] = {"refused": str(e)}
+                continue
+            except (ValueError, TypeError) as e:  # a combination pycomm does not offer, refused up front
+                result["checks"][key] = {"unsupported": str(e)}
                 continue
             try:
                 entry["op"] = op
