@@ -143,22 +143,30 @@ def measure(args) -> int:
                 "model_factor": f * w, "model_time_s": t_model, "model_time_measured_link_s": t_model_meas,
                 "model_busbw_gbps": (nbytes / t_model * 2 * (n - 1) / n * 8 / 1e9) if t_model > 0 else float("inf"),
             })
+    # Ratios against baselines of this run: a compressed row against the same algorithm uncompressed,
+    # an uncompressed row against the flat ring.
+    times = {(r["algorithm"], r["compression"]): r["time_s"] for r in rows}
+    for r in rows:
+        base = ((r["algorithm"], "none") if r["compression"] != "none" else ("ring", "none"))
+        r["speedup_vs"] = f"{base[0]}/{base[1]}" if base in times else None
+        r["speedup"] = times[base] / r["time_s"] if base in times else float("nan")
     if comm.rank == 0:
         print(f"# allreduce of {nbytes} bytes (float32), {n} ranks = {hosts} hosts x {rph}, link "
               f"{args.link_gbps:g} Gbit/s per host egress, median of {args.iters}")
         print(f"# link measured now (Sendrecv, S each way): {link_meas * 8 / 1e9:.3f} Gbit/s per direction")
         hdr = (f"{'algorithm':<20}{'compression':<12}{'time ms':>9}{'algbw':>8}{'busbw':>8}{'link/S':>8}"
-               f"{'model f':>9}{'model ms':>10}{'model busbw':>12}{'meas/model':>11}{'model@link ms':>14}")
+               f"{'model f':>9}{'model ms':>10}{'model busbw':>12}{'meas/model':>11}{'model@link ms':>14}{'speedup':>9}")
         print(hdr)
         for r in rows:
             print(f"{r['algorithm']:<20}{r['compression']:<12}{r['time_s'] * 1e3:>9.0f}{r['algbw_gbps']:>8.3f}"
                   f"{r['busbw_gbps']:>8.3f}{r['link_over_S']:>8.3f}{r['model_factor']:>9.3f}"
                   f"{r['model_time_s'] * 1e3:>10.0f}{r['model_busbw_gbps']:>12.3f}"
                   f"{r['time_s'] / r['model_time_s'] if r['model_time_s'] else float('nan'):>11.2f}"
-                  f"{r['model_time_measured_link_s'] * 1e3:>14.0f}")
+                  f"{r['model_time_measured_link_s'] * 1e3:>14.0f}{r['speedup']:>8.2f}x")
         print("# bandwidths in Gbit/s; link/S = bytes per host over its link / S (measured, with headers);")
         print("# model f = bytes per direction over the link / S from the alpha-beta model; model ms at the nominal")
-        print("# rate, model@link ms at the rate the Sendrecv baseline measured in this run")
+        print("# rate, model@link ms at the rate the Sendrecv baseline measured in this run; speedup: time of")
+        print("# ring/none (uncompressed rows) or of the same algorithm uncompressed (compressed rows) / time")
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump({"link_gbps": args.link_gbps, "link_measured_gbps": link_meas * 8 / 1e9, "rows": rows},
