@@ -192,7 +192,7 @@ def main(argv=None) -> int:
         # Re-run inside a fresh bed; --link-gbps stays on the command line for the model.
         os.environ["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
         argv_in = [sys.executable, os.path.abspath(__file__), *(sys.argv[1:] if argv is None else argv)]
-        return relaunch(args.testbed, args.link_gbps, argv=argv_in, drop=("--testbed",))
+        return relaunch(args.testbed, args.link_gbps, argv=argv_in)
     return measure(args)
 
 

@@ -709,19 +709,24 @@ class Testbed:
 
 
 def relaunch(shape: str, link_gbps: float, argv: Optional[Sequence[str]] = None,
-             drop: Sequence[str] = ("--testbed", "--link-gbps")) -> int:
+             drop: Sequence[str] = ("--testbed",), env: Optional[Mapping[str, str]] = None) -> int:
     """Re-run this program (or `argv`) inside a fresh bed of shape 'HOSTSxRANKS' and return its exit code.
 
-    For benchmarks with a ``--testbed 2x2 --link-gbps 1`` option: when not yet inside a bed
-    (``PYCOMM_TESTBED`` unset) call ``sys.exit(relaunch(args.testbed, args.link_gbps))``; the options named
-    in `drop` (with their values) are removed from the relaunched command line.
+    For benchmarks with a ``--testbed 2x2 --link-gbps 1`` option::
+
+        if args.testbed and not os.environ.get("PYCOMM_TESTBED"):
+            sys.exit(pycomm.testbed.relaunch(args.testbed, args.link_gbps))
+
+    The options named in `drop` (with their values) are removed from the relaunched command line;
+    ``--link-gbps`` stays so that the program inside can put the rate into its model. The bed is
+    removed when the job ends, also on failure and Ctrl-C.
     """
     hosts, rph = parse_shape(shape)
     if argv is None:
         argv = [sys.executable, *sys.argv]
     argv = _drop_options(list(argv), drop)
     with Testbed(hosts=hosts, link_gbps=link_gbps) as bed:
-        return bed.run(hosts * rph, argv, ranks_per_host=rph).returncode
+        return bed.run(hosts * rph, argv, ranks_per_host=rph, env=env).returncode
 
 
 def _drop_options(argv: List[str], names: Sequence[str]) -> List[str]:
