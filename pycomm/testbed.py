@@ -542,10 +542,11 @@ def create(name: str, hosts: int = 2, link_gbps: float = 1.0, persistent: bool =
         _save(spec)  # before the first change, so that a crash leaves a record teardown can use
         try:
             for kind, obj, argv in setup_commands(spec):
-                if kind:
-                    spec.created.append([kind, obj])
-                    _save(spec)
-                _run(argv)
+                with _signals_held():  # an object is recorded if and only if this bed created it
+                    _run(argv)
+                    if kind:
+                        spec.created.append([kind, obj])
+                        _save(spec)
             os.makedirs(spec.state_dir, exist_ok=True)
             with open(spec.agent, "w") as f:
                 f.write(agent_script(spec))
