@@ -59,6 +59,7 @@ def expected_link_bytes(algorithm: str, compression: str, nbytes: int) -> float:
 def report():
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYCOMM_RANKS_PER_NODE"] = "1"  # the bed must not pass it on: nodes come from MPI there
     t0 = time.monotonic()
     with testbed.Testbed(hosts=HOSTS, link_gbps=LINK_GBPS) as bed:
         before = bed.link_bytes()
