@@ -26,13 +26,14 @@ ALGORITHMS = tuple(collectives.ALLREDUCE_ALGORITHMS)
 COMPRESSIONS = tuple(getattr(collectives, "COMPRESSIONS", ("none",)))
 # Bytes a host must send across the link per allreduce of S bytes, as a multiple of S.
 # Flat ring over 2x2 (ranks 0,1 | 2,3): the ring crosses the link once each way and every rank
-# sends 2(N-1)/N S = 1.5 S. Any allreduce between 2 hosts moves at least S each way
-# (hierarchical, MPI's own): that lower bound is used for everything else.
+# sends 2(N-1)/N S = 1.5 S. Hierarchical forms move 2(M-1)/M S = S. Any allreduce between 2 hosts
+# moves at least S each way: that lower bound applies to the rest (mpi, auto).
 LINK_FACTOR = {"ring": 1.5, "hierarchical": 1.0, "hierarchical_master": 1.0}
 # Where the model knows the bytes, also bound them from above: TCP/IP and Ethernet headers and the
 # ACKs of the other direction add about 7%.
 UPPER_MARGIN = 1.15
-# Fraction of the uncompressed bytes a compression puts on the wire (lower bound).
+# Fraction of the uncompressed bytes a compression puts on the wire (lower bound; a compression not
+# listed here is checked for correctness only).
 WIRE_FRACTION = {"none": 1.0, "fp16": 0.5, "bf16": 0.5, "onebit": 1 / 32}
 
 
