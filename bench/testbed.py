@@ -106,6 +106,7 @@ def measure(args) -> int:
     x = torch.randn(nbytes // 4, generator=torch.Generator().manual_seed(comm.rank))
     link_meas = link_baseline(comm, MPI, topo, nbytes, args.iters)
     rows = []
+    refused = []  # (algorithm/compression, reason)
     for algorithm in algorithms:
         for compression in compressions:
             kw = {} if compression == "none" else {"compression": compression}
@@ -113,8 +114,7 @@ def measure(args) -> int:
             try:
                 pycomm.allreduce(x.clone(), algorithm=algorithm, name=name, **kw)  # warm-up, connections
             except (ValueError, TypeError, pycomm.CommError) as e:  # refused alike on every rank
-                if comm.rank == 0:
-                    print(f"# {algorithm}/{compression}: skipped: {e}", flush=True)
+                refused.append((f"{algorithm}/{compression}", str(e)))
                 continue
             times, sent = [], []
             for _ in range(args.iters):
@@ -156,6 +156,11 @@ def measure(args) -> int:
         print(f"# link measured now (Sendrecv, S each way): {link_meas * 8 / 1e9:.3f} Gbit/s per direction")
         hdr = (f"{'algorithm':<20}{'compression':<12}{'time ms':>9}{'algbw':>8}{'busbw':>8}{'link/S':>8}"
                f"{'model f':>9}{'model ms':>10}{'model busbw':>12}{'meas/model':>11}{'model@link ms':>14}{'speedup':>9}")
+        if refused:
+            print(f"# refused up front, not measured: {', '.join(c for c, _ in refused)}")
+            shown = [(c, r) for c, r in refused if c.endswith("/none")] or refused[:1]
+            for combo, reason in shown:
+                print(f"#   {combo}: {reason}")
         print(hdr)
         for r in rows:
             print(f"{r['algorithm']:<20}{r['compression']:<12}{r['time_s'] * 1e3:>9.0f}{r['algbw_gbps']:>8.3f}"
