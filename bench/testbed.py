@@ -7,7 +7,8 @@ limited to --link-gbps), re-runs itself there and tears the bed down. Inside
 (``PYCOMM_TESTBED`` set, e.g. under ``pycomm-testbed run``) it measures every
 algorithm x compression pycomm offers and rank 0 prints one row each:
 
-- time: the slowest rank's time of one allreduce, median of --iters;
+- time: the slowest rank's time of one allreduce, median of --iters rounds
+  (each round runs every row once, so that load from elsewhere falls on all);
 - algbw = S / t, busbw = algbw * 2(N-1)/N (nccl-tests; N = all ranks; for a
   compressed allreduce both on the uncompressed S);
 - link/S: bytes each host sent through its shaped link per allreduce, over S
@@ -68,26 +69,20 @@ def host_sent() -> int:
     return parse_qdisc_bytes(out.stdout)
 
 
-def link_baseline(comm, MPI, topo, nbytes: int, iters: int) -> float:
-    """Bytes/s one direction of the link carries now: every rank of host h exchanges S/L bytes with its
-    counterpart on host h^1 (Sendrecv), so S crosses each way. 0 when there is no partner host."""
+def sendrecv_time(comm, MPI, topo, nbytes: int) -> float:
+    """Seconds for S to cross the link each way: every rank of host h exchanges S/L bytes with its
+    counterpart on host h^1 (Sendrecv). 0 when there is no partner host."""
     import numpy as np
 
     if topo.num_nodes < 2 or topo.num_nodes % 2:
         return 0.0
-    partner_node = topo.node_rank ^ 1
-    partner = partner_node * topo.local_size + topo.local_rank  # ranks are filled host by host
+    partner = (topo.node_rank ^ 1) * topo.local_size + topo.local_rank  # ranks are filled host by host
     buf = np.ones(nbytes // topo.local_size, dtype=np.uint8)
     out = np.empty_like(buf)
-    times = []
-    for i in range(iters + 1):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        comm.Sendrecv(buf, dest=partner, recvbuf=out, source=partner)
-        dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-        if i:
-            times.append(dt)
-    return nbytes / statistics.median(times)
+    comm.Barrier()
+    t0 = time.perf_counter()
+    comm.Sendrecv(buf, dest=partner, recvbuf=out, source=partner)
+    return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
 
 
 def measure(args) -> int:
@@ -108,9 +103,8 @@ def measure(args) -> int:
         compressions = [c for c in compressions if c in args.compressions]
     link_Bps = args.link_gbps * 1e9 / 8
     x = torch.randn(nbytes // 4, generator=torch.Generator().manual_seed(comm.rank))
-    link_meas = link_baseline(comm, MPI, topo, nbytes, args.iters)
-    rows = []
     refused = []  # (algorithm/compression, reason)
+    combos = []
     for algorithm in algorithms:
         for compression in compressions:
             kw = {} if compression == "none" else {"compression": compression}
@@ -120,40 +114,51 @@ def measure(args) -> int:
             except (ValueError, TypeError, pycomm.CommError) as e:  # refused alike on every rank
                 refused.append((f"{algorithm}/{compression}", str(e)))
                 continue
-            times, sent = [], []
-            for _ in range(args.iters):
-                y = x.clone()
-                comm.Barrier()
-                before = host_sent() if local.rank == 0 else 0
-                comm.Barrier()
-                t0 = time.perf_counter()
-                pycomm.allreduce(y, algorithm=algorithm, name=name, **kw)
-                dt = time.perf_counter() - t0
-                comm.Barrier()
-                s = host_sent() - before if local.rank == 0 else None
-                times.append(comm.allreduce(dt, op=MPI.MAX))
-                sent.append([v for v in comm.allgather(s) if v is not None])
-            t = statistics.median(times)
-            algbw = nbytes / t
-            f = model_factor(algorithm, hosts, rph)
-            w = WIRE_FRACTION.get(compression, float("nan"))
-            t_model = f * w * nbytes / link_Bps
-            t_model_meas = f * w * nbytes / link_meas if link_meas else float("nan")
-            rows.append({
-                "algorithm": algorithm, "compression": compression, "bytes": nbytes, "ranks": n, "hosts": hosts,
-                "time_s": t, "times_s": times, "algbw_gbps": algbw * 8 / 1e9,
-                "busbw_gbps": algbw * 2 * (n - 1) / n * 8 / 1e9,
-                "link_over_S": statistics.median(max(h) for h in sent) / nbytes,
-                "model_factor": f * w, "model_time_s": t_model, "model_time_measured_link_s": t_model_meas,
-                "model_busbw_gbps": (nbytes / t_model * 2 * (n - 1) / n * 8 / 1e9) if t_model > 0 else float("inf"),
-            })
+            combos.append((algorithm, compression, kw, name))
+    sendrecv_time(comm, MPI, topo, nbytes)  # warm-up
+    link_times = []
+    times = {c[:2]: [] for c in combos}
+    sent = {c[:2]: [] for c in combos}
+    # Rounds of every combination once, so that load from elsewhere on the machine falls on all of
+    # them alike and the ratios between rows stay fair.
+    for _ in range(args.iters):
+        link_times.append(sendrecv_time(comm, MPI, topo, nbytes))
+        for algorithm, compression, kw, name in combos:
+            y = x.clone()
+            comm.Barrier()
+            before = host_sent() if local.rank == 0 else 0
+            comm.Barrier()
+            t0 = time.perf_counter()
+            pycomm.allreduce(y, algorithm=algorithm, name=name, **kw)
+            dt = time.perf_counter() - t0
+            comm.Barrier()
+            got = host_sent() - before if local.rank == 0 else None
+            times[(algorithm, compression)].append(comm.allreduce(dt, op=MPI.MAX))
+            sent[(algorithm, compression)].append([v for v in comm.allgather(got) if v is not None])
+    link_meas = nbytes / statistics.median(link_times) if link_times and link_times[0] else 0.0
+    rows = []
+    for algorithm, compression, _, _ in combos:
+        t = statistics.median(times[(algorithm, compression)])
+        algbw = nbytes / t
+        f = model_factor(algorithm, hosts, rph)
+        w = WIRE_FRACTION.get(compression, float("nan"))
+        t_model = f * w * nbytes / link_Bps
+        t_model_meas = f * w * nbytes / link_meas if link_meas else float("nan")
+        rows.append({
+            "algorithm": algorithm, "compression": compression, "bytes": nbytes, "ranks": n, "hosts": hosts,
+            "time_s": t, "times_s": times[(algorithm, compression)], "algbw_gbps": algbw * 8 / 1e9,
+            "busbw_gbps": algbw * 2 * (n - 1) / n * 8 / 1e9,
+            "link_over_S": statistics.median(max(h) for h in sent[(algorithm, compression)]) / nbytes,
+            "model_factor": f * w, "model_time_s": t_model, "model_time_measured_link_s": t_model_meas,
+            "model_busbw_gbps": (nbytes / t_model * 2 * (n - 1) / n * 8 / 1e9) if t_model > 0 else float("inf"),
+        })
     # Ratios against baselines of this run: a compressed row against the same algorithm uncompressed,
     # an uncompressed row against the flat ring.
-    times = {(r["algorithm"], r["compression"]): r["time_s"] for r in rows}
+    medians = {(r["algorithm"], r["compression"]): r["time_s"] for r in rows}
     for r in rows:
         base = ((r["algorithm"], "none") if r["compression"] != "none" else ("ring", "none"))
-        r["speedup_vs"] = f"{base[0]}/{base[1]}" if base in times else None
-        r["speedup"] = times[base] / r["time_s"] if base in times else float("nan")
+        r["speedup_vs"] = f"{base[0]}/{base[1]}" if base in medians else None
+        r["speedup"] = medians[base] / r["time_s"] if base in medians else float("nan")
     if comm.rank == 0:
         print(f"# allreduce of {nbytes} bytes (float32), {n} ranks = {hosts} hosts x {rph}, link "
               f"{args.link_gbps:g} Gbit/s per host egress, median of {args.iters}")
