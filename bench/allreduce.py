@@ -210,7 +210,14 @@ def main(argv=None):
     p.add_argument("--model", action="store_true",
                    help="also measure copy bandwidth with all ranks copying at once and print the memory-traffic "
                         "bound of 'shm' beside its measurement")
+    p.add_argument("--testbed", metavar="HOSTSxRANKS",
+                   help="run inside emulated hosts joined by a shaped link, e.g. 2x2 (pycomm-testbed; needs root)")
+    p.add_argument("--link-gbps", type=float, default=1.0, help="link rate of --testbed, Gbit/s")
     args = p.parse_args(argv)
+    if args.testbed and not os.environ.get("PYCOMM_TESTBED"):
+        import pycomm.testbed
+
+        return pycomm.testbed.relaunch(args.testbed, args.link_gbps)
 
     if args.ranks_per_node:
         os.environ["PYCOMM_RANKS_PER_NODE"] = str(args.ranks_per_node)

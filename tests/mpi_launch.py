@@ -25,6 +25,7 @@ def run_under_mpi(np: int, args, timeout: float = 600, env: Optional[Dict[str, s
     full_env.update(env or {})
     full_env.setdefault("OMP_NUM_THREADS", "1")
     full_env["PYTHONUNBUFFERED"] = "1"
+    full_env["PYCOMM_UNDER_MPIRUN"] = "1"
     cmd = build_command(np, [sys.executable, *args], launcher=launcher, flavour=mpi_flavour(launcher), env=full_env)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
