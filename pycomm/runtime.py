@@ -231,6 +231,8 @@ OPTIONS = {
                             "device data without CUDA-aware MPI travels through pinned host chunks of this size"),
     "force_staging": ("PYCOMM_FORCE_STAGING", bool, False,
                       "send host tensors through the staging pipeline too (exercises it without a GPU)"),
+    "force_device_direct": ("PYCOMM_FORCE_DEVICE_DIRECT", bool, False,
+                            "treat host tensors as device memory under a CUDA-aware MPI (exercises that path)"),
 }
 
 

@@ -49,6 +49,7 @@ comm::EngineOptions options_from(const py::dict& d, comm::EngineOptions o) {
   if (d.contains("stall_abort_s")) o.stall.abort_s = d["stall_abort_s"].cast<double>();
   if (d.contains("staging_chunk_bytes")) o.staging_chunk_bytes = d["staging_chunk_bytes"].cast<size_t>();
   if (d.contains("force_staging")) o.force_staging = d["force_staging"].cast<bool>();
+  if (d.contains("force_device_direct")) o.force_device_direct = d["force_device_direct"].cast<bool>();
   if (d.contains("auto_table")) {
     o.auto_table.clear();
     for (auto item : d["auto_table"].cast<py::list>()) {
@@ -72,6 +73,7 @@ py::dict options_to(const comm::EngineOptions& o) {
   d["stall_abort_s"] = o.stall.abort_s;
   d["staging_chunk_bytes"] = o.staging_chunk_bytes;
   d["force_staging"] = o.force_staging;
+  d["force_device_direct"] = o.force_device_direct;
   py::list table;
   for (const auto& e : o.auto_table) table.append(py::make_tuple(e.first, comm::algorithm_name(e.second)));
   d["auto_table"] = table;

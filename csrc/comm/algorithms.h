@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common.h"
+#include "memory_mover.h"
 
 namespace pycomm {
 namespace comm {
@@ -15,7 +16,11 @@ namespace comm {
 // Each step is cut into chunks of `chunk_bytes`; a chunk is forwarded as soon
 // as it has been received (and reduced), so receive, reduce and send overlap.
 // Cost: 2(N-1) alpha + 2(N-1)/N S beta + (N-1)/N S gamma.
-void ring_allreduce(const Buffer& buf, ReduceOp op, MPI_Comm comm, size_t chunk_bytes);
+// `memory`: where the buffer lives, for buffers MPI reads directly on a device
+// (CUDA-aware MPI): receive slots and reductions come from it (reductions then
+// run on the GPU). nullptr: host memory.
+void ring_allreduce(const Buffer& buf, ReduceOp op, MPI_Comm comm, size_t chunk_bytes,
+                    MemoryMover* memory = nullptr);
 
 // MPI's own MPI_Allreduce(MPI_IN_PLACE, ...): the baseline, and the choice for small messages.
 void mpi_allreduce(const Buffer& buf, ReduceOp op, MPI_Comm comm);

@@ -231,8 +231,27 @@ MemoryMover& Engine::mover_for(const Buffer& buf) {
 }
 
 void Engine::run_allreduce(const AllreduceArgs& a) {
-  if (a.input.device != Device::CPU || active_.force_staging) return run_staged_allreduce(a);
+  const bool device = a.input.device != Device::CPU;
+  if ((device && cuda_aware_) || active_.force_device_direct) return run_device_allreduce(a);
+  if (device || active_.force_staging) return run_staged_allreduce(a);
   run_host_allreduce(a);
+}
+
+// Device memory with a CUDA-aware MPI: device pointers go straight to MPI
+// (GPUDirect RDMA where the cluster has it) and the ring's reductions run on
+// the GPU. Algorithms that need host shared memory fall back to the ring.
+void Engine::run_device_allreduce(const AllreduceArgs& a) {
+  const Buffer& out = a.output;
+  MemoryMover& gpu = mover_for(out);
+  if (out.data != a.input.data && a.input.count) gpu.copy(out.data, a.input.data, a.input.bytes());
+  if (out.count == 0 || topo_.size == 1) return;
+  const bool half = out.dtype == DType::F16 || out.dtype == DType::BF16;
+  const double inv_n = 1.0 / static_cast<double>(topo_.size);
+  if (a.average && half) gpu.scale(out.data, out.count, out.dtype, inv_n);
+  const Algorithm algo = resolve(a.algorithm, out.bytes(), active_);
+  if (algo == Algorithm::MPI && !half) mpi_allreduce(out, a.op, topo_.world);  // MPI has no fp16/bf16 op on devices
+  else ring_allreduce(out, a.op, topo_.world, active_.ring_chunk_bytes, &gpu);
+  if (a.average && !half) gpu.scale(out.data, out.count, out.dtype, inv_n);
 }
 
 // Device memory with an MPI that cannot touch it (or any memory, when forced

@@ -42,6 +42,7 @@ struct EngineOptions {
   StallOptions stall;
   size_t staging_chunk_bytes = size_t(4) << 20;  // device data travels through host chunks of this size
   bool force_staging = false;  // send host buffers through the staging pipeline too (tests its logic on CPU)
+  bool force_device_direct = false;  // treat host buffers as device memory under a CUDA-aware MPI (same purpose)
   // Measured choices for "auto" (pycomm-tune): messages up to .first bytes use
   // .second; sorted by size. Empty: the built-in rule in Engine::resolve.
   std::vector<std::pair<size_t, Algorithm>> auto_table;
@@ -153,6 +154,7 @@ class Engine {
   std::vector<std::unique_ptr<MemoryMover>> cuda_movers_;  // by device index
   std::unique_ptr<StagingBuffers> staging_;
   void run_staged_allreduce(const AllreduceArgs& args);
+  void run_device_allreduce(const AllreduceArgs& args);
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -19,7 +19,8 @@ constexpr int kRecvWindow = 4;    // receives kept posted ahead of processing
 // tag suffice (MPI does not reorder messages between a pair on one tag).
 class RingPass {
  public:
-  RingPass(const Buffer& buf, ReduceOp op, MPI_Comm comm, size_t chunk_bytes) : buf_(buf), op_(op), comm_(comm) {
+  RingPass(const Buffer& buf, ReduceOp op, MPI_Comm comm, size_t chunk_bytes, MemoryMover* memory)
+      : buf_(buf), op_(op), comm_(comm), memory_(memory) {
     PYCOMM_MPI_CHECK(MPI_Comm_rank(comm, &rank_));
     PYCOMM_MPI_CHECK(MPI_Comm_size(comm, &size_));
     esize_ = kernels::dtype_size(buf.dtype);
@@ -36,7 +37,12 @@ class RingPass {
     const int steps = 2 * (size_ - 1);
     left_ = (rank_ - 1 + size_) % size_;
     right_ = (rank_ + 1) % size_;
-    slots_.resize(static_cast<size_t>(kRecvWindow) * chunk_elems_ * esize_);
+    const size_t slot_bytes = static_cast<size_t>(kRecvWindow) * chunk_elems_ * esize_;
+    if (memory_) {
+      device_slots_ = static_cast<char*>(memory_->alloc_device(slot_bytes));
+    } else {
+      host_slots_.resize(slot_bytes);
+    }
 
     // Step 0 sends come straight from the caller's data.
     for (size_t c = 0; c < chunks_of(send_seg(0)); ++c) post_send(0, c);
@@ -58,7 +64,8 @@ class RingPass {
       if (t < size_ - 1) {
         size_t begin, len;
         chunk_range(recv_seg(t), c, &begin, &len);
-        kernels::reduce_cpu(buf_.bytes_at(begin), slot(i % kRecvWindow), len, buf_.dtype, op_);
+        if (memory_) memory_->reduce(buf_.bytes_at(begin), slot(i % kRecvWindow), len, buf_.dtype, op_);
+        else kernels::reduce_cpu(buf_.bytes_at(begin), slot(i % kRecvWindow), len, buf_.dtype, op_);
       }
       if (t + 1 < steps) post_send(t + 1, c);
     }
@@ -70,7 +77,7 @@ class RingPass {
   int send_seg(int t) const { return ((rank_ - t) % size_ + size_) % size_; }
   int recv_seg(int t) const { return ((rank_ - t - 1) % size_ + size_) % size_; }
   size_t chunks_of(int seg) const { return first_chunk_[seg + 1] - first_chunk_[seg]; }
-  char* slot(size_t s) { return slots_.data() + s * chunk_elems_ * esize_; }
+  char* slot(size_t s) { return (memory_ ? device_slots_ : host_slots_.data()) + s * chunk_elems_ * esize_; }
 
   void chunk_range(int seg, size_t c, size_t* begin, size_t* len) const {
     size_t seg_begin = part_begin(buf_.count, size_, seg), seg_len = part_size(buf_.count, size_, seg);
@@ -116,17 +123,24 @@ class RingPass {
   size_t esize_ = 4, chunk_elems_ = 1;
   std::vector<size_t> first_chunk_;
   std::vector<MPI_Request> send_req_;
-  std::vector<char> slots_;
+  MemoryMover* memory_;
+  std::vector<char> host_slots_;
+  char* device_slots_ = nullptr;
+
+ public:
+  ~RingPass() {
+    if (device_slots_) memory_->free_device(device_slots_);
+  }
 };
 
 }  // namespace
 
-void ring_allreduce(const Buffer& buf, ReduceOp op, MPI_Comm comm, size_t chunk_bytes) {
+void ring_allreduce(const Buffer& buf, ReduceOp op, MPI_Comm comm, size_t chunk_bytes, MemoryMover* memory) {
   int size = 1;
   PYCOMM_MPI_CHECK(MPI_Comm_size(comm, &size));
   if (size == 1 || buf.count == 0) return;
-  if (buf.device != Device::CPU) throw CommError("ring_allreduce: host memory expected");
-  RingPass(buf, op, comm, chunk_bytes).run();
+  if (buf.device != Device::CPU && !memory) throw CommError("ring_allreduce: device memory needs its MemoryMover");
+  RingPass(buf, op, comm, chunk_bytes, memory).run();
 }
 
 }  // namespace comm

@@ -1,5 +1,7 @@
 #include "staging.h"
 
+#include "../kernels/reduce.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -67,6 +69,16 @@ void HostMover::to_host_async(void* host, const void* src, size_t bytes, int lan
 void HostMover::to_device_async(void* dst, const void* host, size_t bytes, int lane) {
   post(lane, [=] { std::memcpy(dst, host, bytes); });
 }
+
+void HostMover::reduce(void* dst, const void* src, size_t count, DType dtype, ReduceOp op) {
+  kernels::reduce_cpu(dst, src, count, dtype, op);
+}
+
+void HostMover::scale(void* dst, size_t count, DType dtype, double factor) {
+  kernels::scale_cpu(dst, count, dtype, factor);
+}
+
+void HostMover::copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 
 void HostMover::wait_lane(int lane) {
   Lane& l = lanes_[lane & 1];

@@ -35,6 +35,11 @@ class HostMover : public MemoryMover {
   void to_host_async(void* host, const void* src, size_t bytes, int lane) override;
   void to_device_async(void* dst, const void* host, size_t bytes, int lane) override;
   void wait_lane(int lane) override;
+  void* alloc_device(size_t bytes) override { return alloc_staging(bytes); }
+  void free_device(void* p) override { free_staging(p); }
+  void reduce(void* dst, const void* src, size_t count, kernels::DType dtype, kernels::ReduceOp op) override;
+  void scale(void* dst, size_t count, kernels::DType dtype, double factor) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
 
  private:
   struct Lane {

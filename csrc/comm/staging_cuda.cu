@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "../kernels/reduce.h"
 #include "memory_mover.h"
 
 namespace pycomm {
@@ -41,6 +42,29 @@ class CudaMover : public MemoryMover {
     check(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, streams_[lane & 1]), "cudaMemcpyAsync H2D");
   }
   void wait_lane(int lane) override { check(cudaStreamSynchronize(streams_[lane & 1]), "cudaStreamSynchronize"); }
+
+  void* alloc_device(size_t bytes) override {
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    void* p = nullptr;
+    check(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
+    return p;
+  }
+  void free_device(void* p) override { cudaFree(p); }
+  void reduce(void* dst, const void* src, size_t count, kernels::DType dtype, kernels::ReduceOp op) override {
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    kernels::reduce_cuda(dst, src, count, dtype, op, streams_[0]);
+    check(cudaStreamSynchronize(streams_[0]), "cudaStreamSynchronize (reduce)");
+  }
+  void scale(void* dst, size_t count, kernels::DType dtype, double factor) override {
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    kernels::scale_cuda(dst, count, dtype, factor, streams_[0]);
+    check(cudaStreamSynchronize(streams_[0]), "cudaStreamSynchronize (scale)");
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, streams_[0]), "cudaMemcpyAsync D2D");
+    check(cudaStreamSynchronize(streams_[0]), "cudaStreamSynchronize (copy)");
+  }
 
  private:
   int device_;

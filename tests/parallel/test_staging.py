@@ -45,3 +45,23 @@ def test_staged_out_of_place_average_and_async(staging):
     hs = [pycomm.allreduce_async(rank_data(rank, 5000 + i, torch.float32, seed=72 + i), name=f"g{i}") for i in range(6)]
     for i, h in enumerate(hs):
         assert_close(h.wait(), "sum", size, torch.float32, seed=72 + i, what=f"staged async g{i}")
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "mpi", "shm"])
+@pytest.mark.parametrize("dtype,op", [(torch.float32, "avg"), (torch.bfloat16, "avg"), (torch.int32, "max"),
+                                      (torch.float64, "sum")])
+def test_device_direct_path(algorithm, dtype, op):
+    """The CUDA-aware path (device pointers to MPI, the ring's slots and reductions from the buffer's
+    MemoryMover), run here on host memory through the host mover."""
+    rank, size = pycomm.rank(), pycomm.size()
+    old = pycomm.get_options()
+    pycomm.set_options(force_device_direct=True, ring_chunk_bytes=4096)
+    try:
+        for count in (1, 13, 50_001):
+            x = rank_data(rank, count, dtype, seed=90)
+            out = torch.full_like(x, -3)
+            y = pycomm.allreduce(x, op=op, algorithm=algorithm, out=out)
+            assert y.data_ptr() == out.data_ptr()
+            assert_close(y, op, size, dtype, seed=90, what=f"direct {algorithm} {op} {dtype} [{count}]")
+    finally:
+        pycomm.set_options(force_device_direct=False, ring_chunk_bytes=old["ring_chunk_bytes"])
