@@ -215,9 +215,9 @@ def main(argv=None):
     p.add_argument("--link-gbps", type=float, default=1.0, help="link rate of --testbed, Gbit/s")
     args = p.parse_args(argv)
     if args.testbed and not os.environ.get("PYCOMM_TESTBED"):
-        import pycomm.testbed
+        from pycomm import testbed
 
-        return pycomm.testbed.relaunch(args.testbed, args.link_gbps)
+        return testbed.relaunch(args.testbed, args.link_gbps)
 
     if args.ranks_per_node:
         os.environ["PYCOMM_RANKS_PER_NODE"] = str(args.ranks_per_node)
