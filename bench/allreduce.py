@@ -25,14 +25,13 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import sys
-import time
 
 import numpy as np
 import torch
 
 import pycomm
+from pycomm.benchmark import bandwidth, median_time
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -123,18 +122,9 @@ class GlooImpl:
 
 def copy_bandwidth(comm, nbytes, iters=5):
     """Per-rank memcpy bandwidth (bytes read + written per second) with every rank copying at once."""
-    from mpi4py import MPI
-
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(iters):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
-    return 2 * nbytes / statistics.median(times)
+    return 2 * nbytes / median_time(lambda: dst.copy_(src), comm, iters, warmup=1)
 
 
 def shm_model_seconds(nbytes, local_size, per_rank_copy_bw):
@@ -168,19 +158,8 @@ def time_impl(impl, comm, nbytes, dtype, iters, warmup):
         wrong = 0 if impl.compression == "onebit" else int(((x - expected).abs() > tol).sum())
     else:
         wrong = int((x != expected).sum())
-    times = []
-    for i in range(warmup + iters):
-        x.copy_(base)
-        comm.Barrier()
-        t0 = time.perf_counter()
-        impl(x)
-        dt = time.perf_counter() - t0
-        dt = comm.allreduce(dt, op=MPI.MAX)
-        if i >= warmup:
-            times.append(dt)
-    t = statistics.median(times)
-    algbw = nbytes / t / 1e9
-    busbw = algbw * 2 * (comm.size - 1) / comm.size
+    t = median_time(lambda: impl(x), comm, iters, warmup, before=lambda: x.copy_(base))
+    algbw, busbw = bandwidth(nbytes, t, comm.size)
     wrong = comm.allreduce(wrong, op=MPI.SUM)
     wire = impl.wire_bytes if isinstance(impl, CompressedImpl) else pycomm._C.ring_wire_bytes(
         count, esize, comm.size, comm.rank)
