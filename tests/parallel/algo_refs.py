@@ -88,6 +88,17 @@ def run_ssgd(n, steps, make_opt):
     return {"local": [theta] * n, "eval": theta, "syncs": steps}
 
 
+def local_steps_with_periodic_sync(th, opts, steps, tau, sync):
+    """Every worker steps on its own gradient; sync() after every tau steps and once at the end."""
+    n = len(th)
+    for s in range(steps):
+        th[:] = [opts[k].step(th[k], grad(th[k], k, s)) for k in range(n)]
+        if (s + 1) % tau == 0:
+            sync()
+    if steps % tau:
+        sync()
+
+
 def run_ma(n, steps, make_opt, tau):
     th = [theta0() for _ in range(n)]
     opts = [make_opt() for _ in range(n)]
@@ -99,12 +110,7 @@ def run_ma(n, steps, make_opt, tau):
         th[:] = [glob.copy() for _ in range(n)]
         syncs += 1
 
-    for s in range(steps):
-        th[:] = [opts[k].step(th[k], grad(th[k], k, s)) for k in range(n)]
-        if (s + 1) % tau == 0:
-            sync()
-    if steps % tau:
-        sync()
+    local_steps_with_periodic_sync(th, opts, steps, tau, sync)
     return {"local": th, "eval": glob, "syncs": syncs}
 
 
@@ -168,12 +174,7 @@ def run_easgd(n, steps, make_opt, tau, beta=0.9, alpha=None):
         c = (1 - beta) * c + beta * avg
         syncs += 1
 
-    for s in range(steps):
-        th[:] = [opts[k].step(th[k], grad(th[k], k, s)) for k in range(n)]
-        if (s + 1) % tau == 0:
-            sync()
-    if steps % tau:
-        sync()
+    local_steps_with_periodic_sync(th, opts, steps, tau, sync)
     return {"local": th, "eval": c, "syncs": syncs}
 
 
