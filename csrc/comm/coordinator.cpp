@@ -34,6 +34,11 @@ const char* kind_name(int32_t kind) {
     case Collective::BROADCAST: return "broadcast";
     case Collective::ALLGATHER: return "allgather";
     case Collective::BARRIER: return "barrier";
+    case Collective::REDUCE_SCATTER: return "reduce_scatter";
+    case Collective::ALLTOALL: return "alltoall";
+    case Collective::REDUCE: return "reduce";
+    case Collective::GATHER: return "gather";
+    case Collective::SCATTER: return "scatter";
   }
   return "unknown";
 }

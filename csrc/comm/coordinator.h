@@ -23,7 +23,8 @@
 namespace pycomm {
 namespace comm {
 
-enum class Collective : int32_t { ALLREDUCE = 1, BROADCAST = 2, ALLGATHER = 3, BARRIER = 4 };
+enum class Collective : int32_t { ALLREDUCE = 1, BROADCAST = 2, ALLGATHER = 3, BARRIER = 4,
+                                  REDUCE_SCATTER = 5, ALLTOALL = 6, REDUCE = 7, GATHER = 8, SCATTER = 9 };
 
 struct Signature {
   static constexpr int kMaxDims = 6;
