@@ -21,15 +21,17 @@ from ..runtime import init, world_comm
 
 BACKEND_NAME = "pycomm"
 
-# torch group name -> (pycomm group id, p2p communicator, pycomm ProcessGroup or None)
-_groups: Dict[str, tuple] = {}
+# (torch group name, world ranks) -> (pycomm group id, p2p communicator, pycomm ProcessGroup or None)
+_groups: Dict[tuple, tuple] = {}
 
 
 def _create(dist_backend_opts, backend_options):
     """torch's extended creator API: (_DistributedBackendOptions, backend options)."""
     topo = init()
     rank, size = dist_backend_opts.group_rank, dist_backend_opts.group_size
-    key = str(dist_backend_opts.group_id)
+    ranks = list(dist_backend_opts.global_ranks_in_group) or list(range(topo.size))
+    # torch asks once per device type; a later init_process_group may reuse a name for the same ranks.
+    key = (str(dist_backend_opts.group_id), tuple(ranks))
     if key not in _groups:
         if not dist.is_initialized():  # the default group: all ranks, on the world engine
             if (rank, size) != (topo.rank, topo.size):
@@ -39,7 +41,6 @@ def _create(dist_backend_opts, backend_options):
             p2p = world_comm().Dup()
             _groups[key] = (0, p2p, None)
         else:
-            ranks = list(dist_backend_opts.global_ranks_in_group) or list(range(topo.size))
             group: ProcessGroup = new_group(ranks)
             p2p = group.comm().Dup()
             _groups[key] = (group.id, p2p, group)

@@ -18,7 +18,8 @@ def gloo():
         dist.init_process_group("pycomm")
     assert dist.get_backend() == "pycomm"
     assert (dist.get_rank(), dist.get_world_size()) == (pycomm.rank(), pycomm.size())
-    return dist.new_group(backend="gloo")
+    yield dist.new_group(backend="gloo")
+    dist.destroy_process_group()
 
 
 def data(seed, shape, dtype=torch.float32, rank=None):
