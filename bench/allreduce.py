@@ -12,6 +12,9 @@ algbw = S / t; busbw = algbw * 2(N-1)/N (N = all ranks, for flat and
 hierarchical alike); #wrong counts elements that differ from the exact
 expected sum (the data are small integers, so every sum is exact).
 
+--baselines c10d adds torch.distributed.all_reduce over backend "pycomm"
+(pycomm.distributed); against the 'auto' row it is the cost of the c10d layer.
+
 --compression fp16|bf16|onebit adds rows for pycomm's compressed allreduce
 (op=avg, float32 input): busbw is the *effective* one, computed on the
 uncompressed float32 size; wire_B is the bytes each rank actually sent
@@ -26,6 +29,7 @@ import json
 import os
 import socket
 import sys
+import time
 
 import numpy as np
 import torch
@@ -113,11 +117,75 @@ class GlooImpl:
         else:
             port = None
         addr, port = comm.bcast((addr, port), root=0)
-        dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=comm.rank, world_size=comm.size)
+        self.group = None
+        if dist.is_initialized():  # the c10d baseline made "pycomm" the default group
+            self.group = dist.new_group(backend="gloo")
+        else:
+            dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=comm.rank, world_size=comm.size)
         self.dist = dist
 
     def __call__(self, x):
-        self.dist.all_reduce(x)
+        self.dist.all_reduce(x, group=self.group)
+
+
+class C10dImpl:
+    """torch.distributed.all_reduce over backend "pycomm" (pycomm.distributed): the c10d layer's cost
+    on top of pycomm.allreduce (algorithm auto), measured against the 'auto' row."""
+
+    name = "c10d"
+
+    def __init__(self, comm):
+        import torch.distributed as dist
+
+        import pycomm.distributed  # noqa: F401  (registers "pycomm")
+
+        self.group = None
+        if dist.is_initialized():  # gloo came first as the default group
+            self.group = dist.new_group(backend="pycomm")
+        else:
+            dist.init_process_group("pycomm")
+        self.dist = dist
+
+    def __call__(self, x):
+        self.dist.all_reduce(x, group=self.group)
+
+
+def c10d_overhead(comm, sizes_, iters):
+    """Per call: dist.all_reduce over backend "pycomm" minus pycomm.allreduce (algorithm auto), the two
+    interleaved call by call (so load changes hit both alike); medians of the slowest rank's times and
+    of the per-pair differences."""
+    import statistics
+
+    from mpi4py import MPI
+    import torch.distributed as dist
+
+    import pycomm.distributed  # noqa: F401
+
+    if not dist.is_initialized():
+        dist.init_process_group("pycomm")
+    group = None if dist.get_backend() == "pycomm" else dist.new_group(backend="pycomm")
+    rows = []
+    for nbytes in sizes_:
+        x = torch.ones(nbytes // 4)
+        a, b = [], []
+        for i in range(iters + 5):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            pycomm.allreduce(x)
+            t1 = time.perf_counter()
+            comm.Barrier()
+            t2 = time.perf_counter()
+            dist.all_reduce(x, group=group)
+            t3 = time.perf_counter()
+            ta, tb = comm.allreduce(t1 - t0, op=MPI.MAX), comm.allreduce(t3 - t2, op=MPI.MAX)
+            if i >= 5:
+                a.append(ta)
+                b.append(tb)
+        diff = statistics.median(y - z for y, z in zip(b, a))
+        rows.append(dict(size=nbytes, pycomm_us=statistics.median(a) * 1e6, c10d_us=statistics.median(b) * 1e6,
+                         overhead_us=diff * 1e6, pycomm_busbw=bandwidth(nbytes, statistics.median(a), comm.size)[1],
+                         c10d_busbw=bandwidth(nbytes, statistics.median(b), comm.size)[1]))
+    return rows
 
 
 def copy_bandwidth(comm, nbytes, iters=5):
@@ -176,7 +244,8 @@ def main(argv=None):
     p.add_argument("--algorithms", default="ring,shm,mpi",
                    help="pycomm algorithms to time (comma list of ring, mpi, shm, hierarchical, "
                         "hierarchical_master, auto)")
-    p.add_argument("--baselines", default="mpi4py,gloo", help="baselines to time: mpi4py, gloo (comma list or '')")
+    p.add_argument("--baselines", default="mpi4py,gloo", help="baselines to time: mpi4py, gloo, c10d "
+                   "(dist.all_reduce over backend 'pycomm') (comma list or '')")
     p.add_argument("--compression", default="", help="also time compressed allreduce: fp16, bf16, onebit "
                    "(comma list; float32 input, op=avg)")
     p.add_argument("--iters", type=int, default=0, help="timed iterations per row (default: by size)")
@@ -186,6 +255,9 @@ def main(argv=None):
     p.add_argument("--plot", help="write busbw against size to this PNG")
     p.add_argument("--ranks-per-node", type=int, default=0,
                    help="group ranks into virtual nodes of this size (PYCOMM_RANKS_PER_NODE)")
+    p.add_argument("--c10d-overhead", action="store_true",
+                   help="only measure the c10d layer: dist.all_reduce over backend 'pycomm' against "
+                        "pycomm.allreduce, interleaved call by call, at 4 KiB, 64 KiB, 1 MiB and 16 MiB")
     p.add_argument("--model", action="store_true",
                    help="also measure copy bandwidth with all ranks copying at once and print the memory-traffic "
                         "bound of 'shm' beside its measurement")
@@ -204,6 +276,24 @@ def main(argv=None):
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
+    if args.c10d_overhead:
+        over = c10d_overhead(comm, [4 << 10, 64 << 10, 1 << 20, 16 << 20], args.iters or 200)
+        if comm.rank == 0:
+            print(f"# c10d layer cost: {comm.size} ranks, float32, algorithm auto, medians of the slowest rank, "
+                  f"{args.iters or 200} interleaved pairs; overhead = median of per-pair differences")
+            print(f"# {'size':>10} {'pycomm_us':>10} {'c10d_us':>10} {'overhead_us':>11} {'pycomm busbw':>12} "
+                  f"{'c10d busbw':>10}")
+            for r in over:
+                print(f"  {human(r['size']):>10} {r['pycomm_us']:>10.1f} {r['c10d_us']:>10.1f} {r['overhead_us']:>11.1f} "
+                      f"{r['pycomm_busbw']:>12.3f} {r['c10d_busbw']:>10.3f}")
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(over, f, indent=1)
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        pycomm.shutdown()
+        return 0
     dtype = DTYPES[args.dtype]
     impls = [PycommImpl(a) for a in args.algorithms.split(",") if a]
     for c in filter(None, args.compression.split(",")):
@@ -217,8 +307,10 @@ def main(argv=None):
             impls.append(MpiImpl(comm))
         elif b == "gloo":
             impls.append(GlooImpl(comm))
+        elif b == "c10d":
+            impls.append(C10dImpl(comm))
         else:
-            p.error(f"unknown baseline {b!r}; choose mpi4py or gloo")
+            p.error(f"unknown baseline {b!r}; choose mpi4py, gloo or c10d")
     size_list = [1 << 16, 1 << 20, 16 << 20] if args.quick else list(sizes(args.min_bytes, args.max_bytes, args.factor))
 
     rows = []

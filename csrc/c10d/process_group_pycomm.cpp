@@ -237,7 +237,8 @@ WorkRef ProcessGroupPycomm::allreduce(std::vector<at::Tensor>& tensors, const c1
   a.op = choice.op;
   a.average = choice.average;
   a.algorithm = comm::Algorithm::AUTO;
-  auto work = bindings::engine_of(group_).allreduce(a, keep({t}), false);
+  // async_op=False: run on this thread when the engine is idle (no hand-off to the engine thread).
+  auto work = bindings::engine_of(group_).allreduce(a, keep({t}), !opts.asyncOp);
   return complete(rank_, OpType::ALLREDUCE, group_, work, {t});
 }
 
@@ -246,7 +247,7 @@ WorkRef ProcessGroupPycomm::broadcast(std::vector<at::Tensor>& tensors, const c1
   TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < size_, "pycomm backend: broadcast root ", opts.rootRank,
                     " is not a rank of this group (0..", size_ - 1, ")");
   auto work = bindings::engine_of(group_).broadcast(buffer_of(t, "broadcast"), static_cast<int>(opts.rootRank), "",
-                                                    keep({t}), false);
+                                                    keep({t}), !opts.asyncOp);
   return complete(rank_, OpType::BROADCAST, group_, work, {t});
 }
 
@@ -316,7 +317,7 @@ WorkRef ProcessGroupPycomm::_reduce_scatter_base(at::Tensor& output, at::Tensor&
   OpChoice choice = reduce_op(opts.reduceOp, input, "reduce_scatter");
   a.op = choice.op;
   a.average = choice.average;
-  auto work = bindings::engine_of(group_).reduce_scatter(a, keep({input, output}), false);
+  auto work = bindings::engine_of(group_).reduce_scatter(a, keep({input, output}), !opts.asyncOp);
   return complete(rank_, OpType::_REDUCE_SCATTER_BASE, group_, work, {output});
 }
 
@@ -344,7 +345,7 @@ WorkRef ProcessGroupPycomm::reduce_scatter(std::vector<at::Tensor>& outputs,
 }
 
 WorkRef ProcessGroupPycomm::alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
-                                         std::vector<int64_t>& input_splits, const c10d::AllToAllOptions&) {
+                                         std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) {
   comm::AlltoallArgs a;
   a.input = buffer_of(input, "all_to_all_single");
   comm::Buffer out = buffer_of(output, "all_to_all_single");
@@ -383,7 +384,7 @@ WorkRef ProcessGroupPycomm::alltoall_base(at::Tensor& output, at::Tensor& input,
   a.row_elems = static_cast<size_t>(row);
   a.row_shape.assign(input.sizes().begin() + 1, input.sizes().end());
   a.output = out.data;
-  auto work = bindings::engine_of(group_).alltoall(a, keep({input, output}), false);
+  auto work = bindings::engine_of(group_).alltoall(a, keep({input, output}), !opts.asyncOp);
   return complete(rank_, OpType::ALLTOALL_BASE, group_, work, {output});
 }
 
@@ -426,8 +427,8 @@ WorkRef ProcessGroupPycomm::alltoall(std::vector<at::Tensor>& outputs, std::vect
   return c10::make_intrusive<PycommWork>(rank_, OpType::ALLTOALL, outs, future, group_);
 }
 
-WorkRef ProcessGroupPycomm::barrier(const c10d::BarrierOptions&) {
-  auto work = bindings::engine_of(group_).barrier(false);
+WorkRef ProcessGroupPycomm::barrier(const c10d::BarrierOptions& opts) {
+  auto work = bindings::engine_of(group_).barrier(!opts.asyncOp);
   return complete(rank_, OpType::BARRIER, group_, work, {});
 }
 
