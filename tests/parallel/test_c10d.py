@@ -233,3 +233,17 @@ def test_unsupported_ops_and_dtypes_name_themselves(gloo):
     with pytest.raises(ValueError, match="contiguous"):
         dist.all_reduce(torch.ones(4, 4).t())
     dist.barrier()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_all_reduce_product_of_half_types(gloo, dtype):
+    # 100003 elements: above the 64 KiB 'auto' switch, so the engine's own reduce kernels multiply
+    # (fp32 arithmetic, one rounding per partial product).
+    x = (1 + data(12, (100003,)) / 4).to(dtype)
+    ref = x.float()
+    dist.all_reduce(ref, op=dist.ReduceOp.PRODUCT, group=gloo)  # float32 product of the same inputs
+    dist.all_reduce(x, op=dist.ReduceOp.PRODUCT)
+    # products of N <= 4 factors in [0.75, 1.25] stay below 4; at most N-1 roundings of half the ulp
+    # of [4, 8) each (as for the sums above)
+    ulp = (2 ** -10 if dtype == torch.float16 else 2 ** -7) * 4
+    same(x, ref, dtype, atol=dist.get_world_size() * ulp / 2 + F32_ATOL)
