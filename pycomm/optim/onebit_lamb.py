@@ -82,8 +82,9 @@ class OneBitLAMB(OneBitBase):
             state["exp_avg"] = torch.zeros_like(p)
             state["exp_avg_sq"] = torch.zeros_like(p)
             state["exp_avg_sq_fresh"] = torch.zeros_like(p)
-            state["lamb_coeff_freeze"] = torch.zeros((), dtype=torch.float64)
-            state["last_factor"] = torch.ones((), dtype=torch.float64)
+            # Python floats: torch's load_state_dict would cast float tensors to the parameter's dtype
+            state["lamb_coeff_freeze"] = 0.0
+            state["last_factor"] = 1.0
         return state
 
     @torch.no_grad()
@@ -123,7 +124,8 @@ class OneBitLAMB(OneBitBase):
                 if w_norm != 0 and u_norm != 0:
                     coeff = min(max(w_norm / u_norm, group["min_coeff"]), group["max_coeff"])
                 if coeff != 1.0:
-                    state["lamb_coeff_freeze"].mul_(self.coeff_beta).add_((1 - self.coeff_beta) * coeff)
+                    state["lamb_coeff_freeze"] = (self.coeff_beta * state["lamb_coeff_freeze"]
+                                                  + (1 - self.coeff_beta) * coeff)
                 self.lamb_coeffs.append(coeff)
                 p.sub_(u, alpha=lr * coeff)
 
@@ -139,7 +141,7 @@ class OneBitLAMB(OneBitBase):
                    for _, p, st in entries]
             united = sum(rms) / len(rms)
             for (_, _, st), r in zip(entries, rms):
-                st["scaling_coeff"] = torch.tensor(united / r if r > 0 else 1.0, dtype=torch.float64)
+                st["scaling_coeff"] = united / r if r > 0 else 1.0
         last = []
         for group, p, st in entries:
             b1 = group["betas"][0]
@@ -165,7 +167,7 @@ class OneBitLAMB(OneBitBase):
             factor = min(max(factor, self.factor_min), self.factor_max)
             lf = float(st["last_factor"])
             factor = min(max(factor, lf * (1.0 - self.factor_threshold)), lf * (1.0 + self.factor_threshold))
-            st["last_factor"].fill_(factor)
+            st["last_factor"] = factor
             coeff = float(st["lamb_coeff_freeze"]) * factor
             self.lamb_coeffs.append(coeff)
             p.sub_(u, alpha=lr * coeff)

@@ -163,3 +163,15 @@ def onebit_lamb_step(ws, ms, vs, vfs, cfs, lfs, scs, local_grads, worker_res, se
         coeffs.append(c)
         ws[i] = ws[i] - lr * c * u
     return ws, ms, vs, vfs, cfs, lfs, scs, worker_res, server_res, coeffs
+
+
+def measured(label: str, value: float) -> float:
+    """Return `value`; with PYCOMM_TEST_MEASURE=1 also print it (how the tolerances were measured:
+    PYCOMM_TEST_MEASURE=1 pytest -s ...)."""
+    import os
+
+    if os.environ.get("PYCOMM_TEST_MEASURE"):
+        import pycomm
+
+        print(f"MEASURE {label} size={pycomm.size()} rank={pycomm.rank()}: {value:.3g}", flush=True)
+    return value
