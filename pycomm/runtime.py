@@ -37,6 +37,7 @@ class _State:
     local = None
     cross = None
     control = None
+    previous_excepthook = None
 
 
 _state = _State()
@@ -74,14 +75,54 @@ def mpi():
     return MPI
 
 
-def init(ranks_per_node: Optional[int] = None) -> Topology:
+def _install_abort_hook() -> None:
+    """After init, an uncaught exception on any rank ends the whole job.
+
+    The other ranks would otherwise wait for this one in its next collective.
+    Like ``python -m mpi4py``: print the traceback, then MPI_Abort.
+    """
+    if _state.previous_excepthook is not None:
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        if _state.topology is None or _state.topology.size == 1:  # nobody waits for a single rank
+            return
+        MPI = mpi()
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            sys.stderr.write(f"pycomm: uncaught {kind.__name__} on rank {_state.topology.rank}; aborting the job "
+                             "(pycomm.init(abort_on_exception=False) turns this off)\n")
+            sys.stderr.flush()
+            sys.stdout.flush()
+            MPI.COMM_WORLD.Abort(1)
+
+    _state.previous_excepthook = previous
+    sys.excepthook = hook
+
+
+def _remove_abort_hook() -> None:
+    if _state.previous_excepthook is not None:
+        sys.excepthook = _state.previous_excepthook
+        _state.previous_excepthook = None
+
+
+def init(ranks_per_node: Optional[int] = None, abort_on_exception: bool = True) -> Topology:
     """Initialize MPI and start the engine. Idempotent; returns the topology.
 
     ranks_per_node: group ranks into virtual nodes of this many consecutive
     ranks (default: ``PYCOMM_RANKS_PER_NODE``, else the shared-memory split),
     so that multi-node code paths run on one machine.
+    abort_on_exception: an uncaught exception on any rank prints its traceback
+    and aborts the whole job (MPI_Abort), so the other ranks do not wait for
+    it forever. With False, the failing rank leaves through ``shutdown()`` at
+    exit and the others get a CommError naming it at their next collective.
     """
     if _state.topology is not None:
+        if abort_on_exception:
+            _install_abort_hook()
+        else:
+            _remove_abort_hook()
         return _state.topology
     MPI = mpi()
     if not MPI.Is_initialized():
@@ -135,10 +176,14 @@ def init(ranks_per_node: Optional[int] = None) -> Topology:
     _state.world, _state.local, _state.cross, _state.control, _state.topology = world, local, cross, control, topo
     from .tune import load_table
 
-    table = load_table(topo)  # measured crossovers for algorithm="auto", if pycomm-tune stored some
-    if table:
-        _C.set_options({"auto_table": table})
+    # Measured crossovers for algorithm="auto", if pycomm-tune stored some. Set on
+    # every rank, even when empty: set_options is agreed by all ranks, so ranks
+    # that found different tables (and would pick different algorithms) fail here.
+    table = load_table(topo)
+    _C.set_options({"auto_table": table or []})
     atexit.register(shutdown)
+    if abort_on_exception:
+        _install_abort_hook()
     return topo
 
 
@@ -146,6 +191,7 @@ def shutdown() -> None:
     """Finish every queued collective, stop the engine and free pycomm's communicators."""
     if _state.topology is None:
         return
+    _remove_abort_hook()
     _C.engine_stop()
     MPI = mpi()
     if not MPI.Is_finalized():
@@ -225,8 +271,8 @@ OPTIONS = {
                       "how long a queued allreduce waits for others to fuse with"),
     "stall_warning_s": ("PYCOMM_STALL_WARNING_S", float, 60.0,
                         "report ranks that have not joined an operation after this long (0: never)"),
-    "stall_abort_s": ("PYCOMM_STALL_ABORT_S", float, 0.0,
-                      "abort the job when an operation waits this long (0: never)"),
+    "stall_abort_s": ("PYCOMM_STALL_ABORT_S", float, 600.0,
+                      "abort the job when an operation waits this long for a missing rank (0: never)"),
     "staging_chunk_bytes": ("PYCOMM_STAGING_CHUNK_BYTES", int, 4 << 20,
                             "device data without CUDA-aware MPI travels through pinned host chunks of this size"),
     "force_staging": ("PYCOMM_FORCE_STAGING", bool, False,
@@ -255,10 +301,13 @@ def options_from_env() -> dict:
 
 
 def set_options(**options) -> None:
-    """Change engine options on this rank; they apply from the next operation on.
+    """Change engine options. Collective: every rank calls it with the same options.
 
-    Set them identically on every rank (fusion and the agreement check are
-    coordinated). Names, environment variables and meanings: ``pycomm.runtime.OPTIONS``.
+    The change is queued behind the operations already submitted and applied
+    at that same point on every rank (asynchronous operations queued before
+    it run with the old options); the call returns once it is applied. Ranks
+    that pass different options all raise CommError. Names, environment
+    variables and meanings: ``pycomm.runtime.OPTIONS``.
     """
     topology()
     for name, value in options.items():

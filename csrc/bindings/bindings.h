@@ -28,6 +28,7 @@ void register_comm_ops(pybind11::module_& m);  // comm.cpp: reduce_scatter, allt
 void register_c10d(pybind11::module_& m);      // c10d/python.cpp: the torch.distributed backend
 void register_compression(pybind11::module_& m);
 void register_kernels(pybind11::module_& m);
+void register_optim(pybind11::module_& m);
 
 }  // namespace bindings
 }  // namespace pycomm

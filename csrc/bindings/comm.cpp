@@ -367,7 +367,11 @@ void register_comm(py::module_& m) {
   m.def("engine_running", [] { return static_cast<bool>(g_engine); });
   m.def("mpi_cuda_aware", [] { return comm::mpi_is_cuda_aware(); },
         "Whether MPI reads CUDA device memory itself (else device data is staged through pinned host buffers).");
-  m.def("set_options", [](const py::dict& d) { engine().set_options(options_from(d, engine().options())); });
+  m.def("set_options", [](const py::dict& d) {
+    comm::EngineOptions o = options_from(d, engine().options());
+    py::gil_scoped_release release;  // queued behind earlier operations, agreed by every rank
+    engine().set_options(o);
+  });
   m.def("get_options", [] { return options_to(engine().options()); });
   m.def("stats", [] {
     auto s = engine().stats();

@@ -1,5 +1,8 @@
+#include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "algorithms.h"
@@ -10,18 +13,38 @@ namespace {
 
 constexpr size_t kPieceBytes = size_t(1) << 30;
 
+// Test-only: PYCOMM_TEST_ALLGATHER_PIECE_BYTES=P sends every allgather through
+// the ring below in pieces of P bytes, so its > 2 GiB logic runs on small data.
+size_t test_piece_bytes() {
+  const char* raw = std::getenv("PYCOMM_TEST_ALLGATHER_PIECE_BYTES");
+  if (!raw || !*raw) return 0;
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(raw, &end, 10);
+  if (*end != '\0' || v == 0 || v > kPieceBytes)
+    throw CommError(std::string("PYCOMM_TEST_ALLGATHER_PIECE_BYTES=") + raw + " must be an integer in 1..2^30");
+  return static_cast<size_t>(v);
+}
+
 // Ring allgatherv for totals beyond MPI's int byte counts: N-1 steps, each
-// forwarding the block received in the step before, in pieces of 1 GiB.
+// forwarding the block received in the step before, in pieces of `piece`
+// bytes. Rank r sends block (r - s) and receives block (r - s - 1) in step s;
+// blocks differ in size, so every rank makes the same number of Sendrecv
+// calls in a step -- enough for the largest block of that step anywhere --
+// with empty pieces once its own blocks are through. (Counting only its own
+// two blocks, neighbours would disagree on the count and the pairs would slip.)
 void ring_allgatherv(char* out, const std::vector<size_t>& offset, const std::vector<size_t>& bytes, MPI_Comm comm,
-                     int rank, int size) {
+                     int rank, int size, size_t piece) {
   const int right = (rank + 1) % size, left = (rank - 1 + size) % size;
+  // Every block is sent by some rank in every step: the largest block sets the count.
+  const size_t largest = *std::max_element(bytes.begin(), bytes.end());
+  const size_t pieces = (largest + piece - 1) / piece;
   for (int step = 0; step < size - 1; ++step) {
     int send_block = ((rank - step) % size + size) % size;
     int recv_block = ((rank - step - 1) % size + size) % size;
     size_t sent = 0, recvd = 0;
-    while (sent < bytes[send_block] || recvd < bytes[recv_block]) {
-      int ns = static_cast<int>(std::min(kPieceBytes, bytes[send_block] - sent));
-      int nr = static_cast<int>(std::min(kPieceBytes, bytes[recv_block] - recvd));
+    for (size_t p = 0; p < pieces; ++p) {
+      int ns = static_cast<int>(std::min(piece, bytes[send_block] - sent));
+      int nr = static_cast<int>(std::min(piece, bytes[recv_block] - recvd));
       PYCOMM_MPI_CHECK(MPI_Sendrecv(out + offset[send_block] + sent, ns, MPI_BYTE, right, 0x4147,
                                     out + offset[recv_block] + recvd, nr, MPI_BYTE, left, 0x4147, comm,
                                     MPI_STATUS_IGNORE));
@@ -55,7 +78,8 @@ std::vector<size_t> allgatherv(const void* send, size_t rows, size_t row_bytes, 
   if (total * esize == 0) return counts;
   std::memcpy(out + offset[rank], send, bytes[rank]);
 
-  if (total * esize <= static_cast<size_t>(INT_MAX)) {
+  const size_t test_piece = test_piece_bytes();
+  if (test_piece == 0 && total * esize <= static_cast<size_t>(INT_MAX)) {
     std::vector<int> icounts(size), idispl(size);
     for (int r = 0; r < size; ++r) {
       icounts[r] = static_cast<int>(bytes[r]);
@@ -63,7 +87,7 @@ std::vector<size_t> allgatherv(const void* send, size_t rows, size_t row_bytes, 
     }
     PYCOMM_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, icounts.data(), idispl.data(), MPI_BYTE, comm));
   } else {
-    ring_allgatherv(out, offset, bytes, comm, rank, size);
+    ring_allgatherv(out, offset, bytes, comm, rank, size, test_piece ? test_piece : kPieceBytes);
   }
   return counts;
 }

@@ -19,10 +19,15 @@ constexpr int kTagPropose = 101;
 constexpr int kTagDecide = 102;
 constexpr int kTagText = 103;
 constexpr int kTagStall = 104;
+constexpr int kTagQuery = 105;   // coordinator -> missing rank: what are you doing? (int64 round)
+constexpr int kTagAnswer = 106;  // missing rank -> coordinator: int64 round, then text
+constexpr double kAnswerWait_s = 2.0;
+
+enum DecisionStatus : int32_t { kRun = 0, kError = 1, kCoordinatorLeft = 2 };
 
 struct Decision {
   int64_t round;
-  int32_t status;  // 0: run `count` operations; 1: error, text follows
+  int32_t status;  // kRun: run `count` operations; kError / kCoordinatorLeft: error, text follows
   int32_t count;
   int32_t text_len;
   int32_t pad;
@@ -34,6 +39,9 @@ const char* kind_name(int32_t kind) {
     case Collective::BROADCAST: return "broadcast";
     case Collective::ALLGATHER: return "allgather";
     case Collective::BARRIER: return "barrier";
+    case Collective::SHUTDOWN: return "shutdown";
+    case Collective::OPTIONS: return "set_options";
+    case Collective::CUSTOM: return "operation";
     case Collective::REDUCE_SCATTER: return "reduce_scatter";
     case Collective::ALLTOALL: return "alltoall";
     case Collective::REDUCE: return "reduce";
@@ -62,10 +70,24 @@ void Signature::set_name(const std::string& n) {
   std::memcpy(name, n.data(), std::min(n.size(), sizeof name - 1));
 }
 
+Signature Signature::cheap() const {
+  Signature c = *this;
+  std::memset(c.name, 0, sizeof c.name);
+  c.op = -1;
+  c.extra = 0;
+  if (static_cast<Collective>(kind) != Collective::ALLGATHER) {  // an allgather's row shape sizes its rows
+    c.ndim = 0;
+    std::memset(c.dims, 0, sizeof c.dims);
+  }
+  return c;
+}
+
 std::string Signature::describe() const {
   std::ostringstream s;
   s << kind_name(kind);
-  if (static_cast<Collective>(kind) == Collective::BARRIER) return s.str();
+  const auto k = static_cast<Collective>(kind);
+  if (k == Collective::BARRIER || k == Collective::SHUTDOWN) return s.str();
+  if (k == Collective::OPTIONS) return s.str() + "(" + name + ") #" + std::to_string(static_cast<uint64_t>(numel) % 100000);
   if (name[0]) s << " '" << name << "'";
   s << " " << kernels::dtype_name(static_cast<DType>(dtype)) << "[";
   int shown = std::min(ndim, kMaxDims);
@@ -96,21 +118,86 @@ void Backoff::pause() {
 Coordinator::Coordinator(MPI_Comm control) : comm_(control) {
   PYCOMM_MPI_CHECK(MPI_Comm_rank(control, &rank_));
   PYCOMM_MPI_CHECK(MPI_Comm_size(control, &size_));
+  left_.assign(static_cast<size_t>(size_), false);
 }
 
-size_t Coordinator::agree(const std::vector<Signature>& proposal, const char* what, const StallOptions& stall) {
+size_t Coordinator::agree(const std::vector<Signature>& proposal, const char* what, const StallOptions& stall,
+                          bool full) {
   if (proposal.empty()) throw CommError("pycomm internal error: empty proposal");
   ++round_;
   if (size_ == 1) return proposal.size();
-  return rank_ == 0 ? coordinate(proposal, what, stall) : follow(proposal, stall);
+  if (!coordinator_left_.empty()) {
+    if (static_cast<Collective>(proposal.front().kind) == Collective::SHUTDOWN) return 1;
+    throw CommError(std::string(what) + ": cannot run " + proposal.front().describe() + ": " + coordinator_left_);
+  }
+  return rank_ == 0 ? coordinate(proposal, what, stall, full) : follow(proposal, stall);
 }
 
-size_t Coordinator::coordinate(const std::vector<Signature>& mine, const char* what, const StallOptions& stall) {
+void Coordinator::answer_queries(const StatusFn& status) {
+  if (size_ == 1 || rank_ == 0 || !coordinator_left_.empty()) return;
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    PYCOMM_MPI_CHECK(MPI_Iprobe(0, kTagQuery, comm_, &flag, &st));
+    if (!flag) return;
+    int64_t round = 0;
+    PYCOMM_MPI_CHECK(MPI_Recv(&round, 1, MPI_INT64_T, 0, kTagQuery, comm_, MPI_STATUS_IGNORE));
+    std::string text = status();
+    std::vector<char> msg(sizeof round + text.size());
+    std::memcpy(msg.data(), &round, sizeof round);
+    std::memcpy(msg.data() + sizeof round, text.data(), text.size());
+    PYCOMM_MPI_CHECK(MPI_Send(msg.data(), static_cast<int>(msg.size()), MPI_BYTE, 0, kTagAnswer, comm_));
+  }
+}
+
+std::vector<std::string> Coordinator::ask(const std::vector<int>& ranks, double wait_s) {
+  std::vector<std::string> answers(static_cast<size_t>(size_));
+  const int64_t round = static_cast<int64_t>(round_);
+  std::vector<MPI_Request> reqs(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i)
+    PYCOMM_MPI_CHECK(MPI_Isend(&round, 1, MPI_INT64_T, ranks[i], kTagQuery, comm_, &reqs[i]));
+  size_t pending = ranks.size();
+  Backoff wait;
+  while (pending > 0 && wait.elapsed_s() < wait_s) {
+    int flag = 0;
+    MPI_Status st;
+    PYCOMM_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kTagAnswer, comm_, &flag, &st));
+    if (!flag) {
+      wait.pause();
+      continue;
+    }
+    int bytes = 0;
+    PYCOMM_MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
+    std::vector<char> msg(static_cast<size_t>(bytes));
+    PYCOMM_MPI_CHECK(MPI_Recv(msg.data(), bytes, MPI_BYTE, st.MPI_SOURCE, kTagAnswer, comm_, MPI_STATUS_IGNORE));
+    int64_t r = -1;
+    if (msg.size() >= sizeof r) std::memcpy(&r, msg.data(), sizeof r);
+    if (r != round) continue;  // an answer to an earlier round's question
+    std::string& a = answers[static_cast<size_t>(st.MPI_SOURCE)];
+    if (a.empty()) --pending;
+    a.assign(msg.data() + sizeof r, msg.size() - sizeof r);
+  }
+  // A question nobody answered stays queued at that rank; it is answered (and
+  // ignored here) once the rank's engine is idle again.
+  for (auto& req : reqs) {
+    int done = 0;
+    PYCOMM_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (!done) PYCOMM_MPI_CHECK(MPI_Request_free(&req));
+  }
+  return answers;
+}
+
+size_t Coordinator::coordinate(const std::vector<Signature>& mine, const char* what, const StallOptions& stall,
+                               bool full) {
   std::vector<std::vector<Signature>> all(static_cast<size_t>(size_));
   std::vector<bool> arrived(static_cast<size_t>(size_), false);
   all[0] = mine;
   arrived[0] = true;
-  int missing = size_ - 1;
+  int missing = 0;
+  for (int r = 1; r < size_; ++r) {
+    if (left_[r]) arrived[r] = true;  // gone: nothing to wait for
+    else ++missing;
+  }
   Backoff wait;
   bool warned = false;
   while (missing > 0) {
@@ -135,13 +222,29 @@ size_t Coordinator::coordinate(const std::vector<Signature>& mine, const char* w
     bool abort_now = stall.abort_s > 0 && waited >= stall.abort_s;
     if (warn || abort_now) {
       std::vector<int> absent, present;
-      for (int r = 0; r < size_; ++r) (arrived[r] ? present : absent).push_back(r);
+      for (int r = 0; r < size_; ++r) {
+        if (left_[r]) continue;
+        (arrived[r] ? present : absent).push_back(r);
+      }
+      // Ask the missing ranks what they are doing: an idle engine answers.
+      std::vector<std::string> answers = ask(absent, kAnswerWait_s);
       std::ostringstream msg;
       msg << "pycomm stall: " << what << " #" << round_ << " (" << mine.front().describe()
           << (mine.size() > 1 ? " and " + std::to_string(mine.size() - 1) + " more" : "") << "): "
-          << rank_list(absent) << (absent.size() == 1 ? " has" : " have") << " not submitted it after " << static_cast<int>(waited) << " s; "
-          << rank_list(present) << (present.size() == 1 ? " is" : " are") << " waiting.";
-      if (abort_now) msg << " Aborting the job (PYCOMM_STALL_ABORT_S=" << stall.abort_s << ").";
+          << rank_list(absent) << (absent.size() == 1 ? " has" : " have") << " not submitted it after "
+          << static_cast<int>(waited) << " s; " << rank_list(present) << (present.size() == 1 ? " is" : " are")
+          << " waiting.";
+      for (int r : absent) {
+        const std::string& a = answers[static_cast<size_t>(r)];
+        if (!a.empty()) msg << " Rank " << r << " is alive: " << a << ".";
+        else
+          msg << " Rank " << r << " did not answer within " << static_cast<int>(kAnswerWait_s)
+              << " s: it is busy inside a pycomm operation's data transfer, or hung, or gone.";
+      }
+      if (abort_now)
+        msg << " Aborting the job (PYCOMM_STALL_ABORT_S=" << stall.abort_s << "; 0 turns the abort off).";
+      else if (stall.abort_s > 0)
+        msg << " The job is aborted after " << stall.abort_s << " s (PYCOMM_STALL_ABORT_S).";
       std::string text = msg.str();
       log_line(text);
       warned = true;
@@ -155,16 +258,64 @@ size_t Coordinator::coordinate(const std::vector<Signature>& mine, const char* w
     wait.pause();
   }
 
+  // Ranks that leave (propose SHUTDOWN) now, ranks that left before, and the others.
+  std::vector<int> leaving, gone, staying;
+  for (int r = 0; r < size_; ++r) {
+    if (left_[r]) gone.push_back(r);
+    else if (static_cast<Collective>(all[r].front().kind) == Collective::SHUTDOWN) leaving.push_back(r);
+    else staying.push_back(r);
+  }
+  if (!staying.empty() && (!leaving.empty() || !gone.empty())) {
+    const auto& ops = all[staying.front()];
+    std::ostringstream msg;
+    msg << what << ": ";
+    if (!leaving.empty())
+      msg << rank_list(leaving) << (leaving.size() == 1 ? " has" : " have")
+          << " left the job (pycomm.shutdown(), or the end of its program)";
+    if (!gone.empty())
+      msg << (leaving.empty() ? "" : ", and ") << rank_list(gone) << (gone.size() == 1 ? " has" : " have")
+          << " left the job before";
+    msg << ", while " << rank_list(staying) << (staying.size() == 1 ? " submitted " : " submitted ");
+    for (size_t i = 0; i < ops.size() && i < 3; ++i) msg << (i ? ", " : "") << ops[i].describe();
+    if (ops.size() > 3) msg << " and " << ops.size() - 3 << " more";
+    msg << ". Operations cannot complete without every rank; end the job on every rank together.";
+    std::string text = msg.str();
+    const bool self_leaves = !leaving.empty() && leaving.front() == 0;
+    Decision d{static_cast<int64_t>(round_), self_leaves ? kCoordinatorLeft : kError, 1,
+               static_cast<int32_t>(text.size()), 0};
+    std::vector<MPI_Request> reqs;
+    for (int r = 1; r < size_; ++r) {
+      if (left_[r]) continue;
+      reqs.emplace_back();
+      PYCOMM_MPI_CHECK(MPI_Isend(&d, sizeof d, MPI_BYTE, r, kTagDecide, comm_, &reqs.back()));
+      reqs.emplace_back();
+      PYCOMM_MPI_CHECK(MPI_Isend(text.data(), static_cast<int>(text.size()), MPI_CHAR, r, kTagText, comm_,
+                                 &reqs.back()));
+    }
+    PYCOMM_MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+    for (int r : leaving) left_[r] = true;
+    if (self_leaves) coordinator_left_ = "rank 0, which coordinates pycomm's operations, has left the job";
+    throw CommError(text);
+  }
+
   // The operations run now: the longest prefix that every rank has ready.
   size_t count = mine.size();
-  for (const auto& p : all) count = std::min(count, p.size());
+  for (int r : staying) count = std::min(count, all[r].size());
+  if (staying.empty()) count = 1;  // every rank still here leaves: the shutdown round itself
   // Ranks must agree on every operation of the prefix. A disagreement past
   // the first operation shortens the prefix; it is reported in the round in
   // which that operation comes first.
   std::string error;
   for (size_t i = 0; i < count; ++i) {
     bool agree = true;
-    for (int r = 1; r < size_ && agree; ++r) agree = std::memcmp(&all[r][i], &all[0][i], sizeof(Signature)) == 0;
+    for (int r = 1; r < size_ && agree; ++r) {
+      if (left_[r]) continue;
+      if (full) agree = std::memcmp(&all[r][i], &all[0][i], sizeof(Signature)) == 0;
+      else {
+        const Signature a = all[r][i].cheap(), b = all[0][i].cheap();
+        agree = std::memcmp(&a, &b, sizeof(Signature)) == 0;
+      }
+    }
     if (agree) continue;
     if (i > 0) {
       count = i;
@@ -173,7 +324,8 @@ size_t Coordinator::coordinate(const std::vector<Signature>& mine, const char* w
     std::map<std::string, std::vector<int>> groups;
     std::vector<std::string> order;
     for (int r = 0; r < size_; ++r) {
-      std::string d = all[r][i].describe();
+      if (left_[r]) continue;
+      std::string d = full ? all[r][i].describe() : all[r][i].cheap().describe();
       if (!groups.count(d)) order.push_back(d);
       groups[d].push_back(r);
     }
@@ -181,6 +333,7 @@ size_t Coordinator::coordinate(const std::vector<Signature>& mine, const char* w
     msg << what << ": ranks disagree on the call: ";
     for (size_t g = 0; g < order.size(); ++g) msg << (g ? "; " : "") << rank_list(groups[order[g]]) << " passed " << order[g];
     msg << ". Every rank must make the same collective calls in the same order.";
+    if (!full) msg << " (check_consistency is off: only sizes are compared.)";
     error = msg.str();
     break;
   }
@@ -190,6 +343,7 @@ size_t Coordinator::coordinate(const std::vector<Signature>& mine, const char* w
   std::vector<MPI_Request> reqs;
   reqs.reserve(static_cast<size_t>(2 * size_));
   for (int r = 1; r < size_; ++r) {
+    if (left_[r]) continue;
     reqs.emplace_back();
     PYCOMM_MPI_CHECK(MPI_Isend(&d, sizeof d, MPI_BYTE, r, kTagDecide, comm_, &reqs.back()));
     if (!error.empty()) {
@@ -234,7 +388,7 @@ size_t Coordinator::follow(const std::vector<Signature>& mine, const StallOption
                " s at " + mine.front().describe() + "; rank 0, which coordinates, has not submitted it yet.");
       warned = true;
     }
-    if (stall.abort_s > 0 && waited >= stall.abort_s + 2.0) {
+    if (stall.abort_s > 0 && waited >= stall.abort_s + 3 * kAnswerWait_s) {  // after rank 0 had its say
       log_line("pycomm stall: rank " + std::to_string(rank_) + " aborting the job after " +
                std::to_string(static_cast<int>(waited)) + " s at " + mine.front().describe() + ".");
       MPI_Abort(MPI_COMM_WORLD, 3);
@@ -245,9 +399,10 @@ size_t Coordinator::follow(const std::vector<Signature>& mine, const StallOption
   if (d.round != static_cast<int64_t>(round_))
     throw CommError("pycomm internal error: coordination rounds out of step (" + std::to_string(d.round) + " vs " +
                     std::to_string(round_) + ")");
-  if (d.status != 0) {
+  if (d.status != kRun) {
     std::string text(static_cast<size_t>(d.text_len), '\0');
     PYCOMM_MPI_CHECK(MPI_Recv(&text[0], d.text_len, MPI_CHAR, 0, kTagText, comm_, MPI_STATUS_IGNORE));
+    if (d.status == kCoordinatorLeft) coordinator_left_ = "rank 0, which coordinates pycomm's operations, has left the job";
     throw CommError(text);
   }
   return static_cast<size_t>(d.count);

@@ -10,11 +10,24 @@
 // disagreement; ranks that wait too long for others are told which ranks and
 // which tensors are missing. Two point-to-point messages per rank per round,
 // on a communicator of their own.
+//
+// Leaving: shutdown() is a round of its own (Collective::SHUTDOWN). When a
+// rank proposes it while others propose operations, every rank gets a
+// CommError naming the rank that left and the operations it did not join;
+// from then on the coordinator does not wait for that rank, and any later
+// operation fails at once with the same explanation. A coordinator (rank 0)
+// that leaves tells the others so; they fail at once afterwards too.
+//
+// Stalls: after `warning_s` the coordinator asks the missing ranks what they
+// are doing (an idle engine answers between operations) and reports, per
+// rank, whether it is alive outside pycomm, inside which operation it is, or
+// silent; after `abort_s` it aborts the job.
 #pragma once
 #include <mpi.h>
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,8 +36,13 @@
 namespace pycomm {
 namespace comm {
 
-enum class Collective : int32_t { ALLREDUCE = 1, BROADCAST = 2, ALLGATHER = 3, BARRIER = 4,
-                                  REDUCE_SCATTER = 5, ALLTOALL = 6, REDUCE = 7, GATHER = 8, SCATTER = 9 };
+enum class Collective : int32_t {
+  ALLREDUCE = 1, BROADCAST = 2, ALLGATHER = 3, BARRIER = 4,
+  SHUTDOWN = 5,  // the rank leaves (pycomm.shutdown(), or the end of its program)
+  OPTIONS = 6,   // set_options: applied at the same point of every rank's queue
+  CUSTOM = 7,    // an engine operation defined elsewhere (compressed allreduce)
+  REDUCE_SCATTER = 8, ALLTOALL = 9, REDUCE = 10, GATHER = 11, SCATTER = 12,
+};
 
 struct Signature {
   static constexpr int kMaxDims = 6;
@@ -42,13 +60,20 @@ struct Signature {
   char name[kNameLen] = {0};
 
   void set_name(const std::string& n);
+  // What check_consistency=False still compares: what the data movement
+  // needs to stay in bounds (kind, dtype, element count, row shape of an
+  // allgather, root, algorithm) -- not names, shapes of allreduces or ops.
+  Signature cheap() const;
   std::string describe() const;  // e.g. "allreduce 'fc.weight' float16[1000, 3] op=sum algorithm=ring"
 };
 
 struct StallOptions {
   double warning_s = 60.0;  // report missing ranks after this long (0: never)
-  double abort_s = 0.0;     // MPI_Abort the job after this long (0: never)
+  double abort_s = 600.0;   // MPI_Abort the job after this long (0: never)
 };
+
+// What a rank's engine is doing, for the coordinator's stall reports.
+using StatusFn = std::function<std::string()>;
 
 class Coordinator {
  public:
@@ -56,18 +81,28 @@ class Coordinator {
   explicit Coordinator(MPI_Comm control);
 
   // One round. Returns how many of `proposal` (>= 1) run now; throws CommError
-  // (the same message on every rank) if the ranks disagree.
-  size_t agree(const std::vector<Signature>& proposal, const char* what, const StallOptions& stall);
+  // (the same message on every rank) if the ranks disagree. `full`: compare
+  // the whole signatures, else only Signature::cheap().
+  size_t agree(const std::vector<Signature>& proposal, const char* what, const StallOptions& stall,
+               bool full = true);
 
   uint64_t rounds() const { return round_; }
 
+  // Called by an idle engine between operations: answer the coordinator's
+  // stall query, if one came, with `status()`. Cheap (one MPI_Iprobe).
+  void answer_queries(const StatusFn& status);
+
  private:
-  size_t coordinate(const std::vector<Signature>& mine, const char* what, const StallOptions& stall);
+  size_t coordinate(const std::vector<Signature>& mine, const char* what, const StallOptions& stall, bool full);
   size_t follow(const std::vector<Signature>& mine, const StallOptions& stall);
+  // Ask `ranks` what they are doing; wait up to `wait_s` for the answers.
+  std::vector<std::string> ask(const std::vector<int>& ranks, double wait_s);
 
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   uint64_t round_ = 0;
+  std::vector<bool> left_;        // rank 0: ranks that have left the job
+  std::string coordinator_left_;  // other ranks: why rank 0 is gone (empty while it is here)
 };
 
 // Wait politely: spin briefly, then yield, then sleep in short steps, so a

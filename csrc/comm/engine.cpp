@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <sstream>
 
 #include "../kernels/fusion.h"
 #include "../kernels/reduce.h"
@@ -71,6 +73,18 @@ Engine::Engine(const Topology& topo, MPI_Comm control, bool homogeneous, const E
 }
 
 Engine::~Engine() {
+  // Leave through a coordination round of its own, after everything queued:
+  // ranks still submitting learn that this rank is gone (CommError naming it)
+  // instead of waiting for it.
+  if (topo_.size > 1) {
+    try {
+      Signature sig;
+      sig.kind = static_cast<int32_t>(Collective::SHUTDOWN);
+      submit_custom(sig, "shutdown", nullptr, [] {}, true)->wait();
+    } catch (const std::exception&) {
+      // Others still submit: they got the same message, naming this rank.
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -89,9 +103,42 @@ EngineOptions Engine::options() const {
   return options_;
 }
 
+namespace {
+
+// A fingerprint of every option the ranks must share, for the agreement round.
+uint64_t options_hash(const EngineOptions& o) {
+  std::ostringstream s;
+  s << o.ring_chunk_bytes << ',' << o.auto_ring_min_bytes << ',' << o.check_consistency << ','
+    << o.fusion_threshold_bytes << ',' << o.cycle_time_ms << ',' << o.staging_chunk_bytes << ',' << o.force_staging
+    << ',' << o.force_device_direct;
+  for (const auto& e : o.auto_table) s << ';' << e.first << ':' << static_cast<int>(e.second);
+  return std::hash<std::string>{}(s.str()) & 0x7fffffffffffffffULL;
+}
+
+}  // namespace
+
 void Engine::set_options(const EngineOptions& options) {
+  Signature sig;
+  sig.kind = static_cast<int32_t>(Collective::OPTIONS);
+  sig.numel = static_cast<int64_t>(options_hash(options));
+  sig.set_name("engine options");
+  // Stall limits are per rank (each rank's own watchdog), so they are not compared.
+  submit_custom(sig, "set_options", nullptr, [this, options] {
+    std::lock_guard<std::mutex> lock(mu_);
+    options_ = options;
+  }, true)->wait();
+}
+
+std::string Engine::status() const {
+  // Called on the worker while idle, with mu_ not held.
   std::lock_guard<std::mutex> lock(mu_);
-  options_ = options;
+  std::ostringstream s;
+  const double idle = std::chrono::duration<double>(std::chrono::steady_clock::now() - idle_since_).count();
+  s << "its pycomm engine has been idle for " << static_cast<int>(idle)
+    << " s, so it is outside pycomm (computing, or in another library's call)";
+  if (!queue_.empty()) s << "; " << queue_.size() << " operation(s) queued, first " << queue_.front().sig.describe();
+  s << "; its last operation was " << last_op_;
+  return s.str();
 }
 
 Engine::Stats Engine::stats() const {
@@ -140,7 +187,20 @@ bool Engine::compatible(const Op& head, const Op& next) const {
 void Engine::loop() {
   for (;;) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return !busy_ && (!queue_.empty() || stopping_); });
+    // While idle, answer the coordinator's stall queries every 100 ms.
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(100),
+                         [this] { return !busy_ && (!queue_.empty() || stopping_); })) {
+      if (busy_) continue;
+      busy_ = true;
+      lock.unlock();
+      try {
+        coordinator_.answer_queries([this] { return status(); });
+      } catch (const std::exception&) {
+        // A failed answer only makes the stall report vaguer.
+      }
+      lock.lock();
+      busy_ = false;
+    }
     if (queue_.empty()) return;  // stopping, and everything submitted has run
     busy_ = true;
     active_ = options_;
@@ -184,18 +244,21 @@ size_t Engine::execute(std::vector<Op*>& batch) {
   // Coordination is needed to compare the calls, and to fuse: ranks may have
   // different numbers of tensors ready. Whether to coordinate depends only on
   // the operation and the options, so every rank makes the same choice.
-  const bool fusion_possible = batch.front()->fusable && active_.fusion_threshold_bytes > 0 && active_.cycle_time_ms > 0;
-  const bool coordinate = active_.check_consistency || fusion_possible;
+  // Every operation is coordinated: with check_consistency off the round
+  // still compares sizes (Signature::cheap), so a mismatch raises CommError
+  // on every rank instead of overrunning a buffer, and ranks that left are
+  // noticed. The shutdown round waits without stall reports: ranks may
+  // legitimately finish at different times.
   size_t count = 1;
   std::exception_ptr error;
   try {
-    if (coordinate) {
-      std::vector<Signature> proposal;
-      proposal.reserve(batch.size());
-      for (Op* op : batch) proposal.push_back(op->sig);
-      const char* what = batch.front()->fusable ? "pycomm.allreduce" : "pycomm";
-      count = coordinator_.agree(proposal, what, active_.stall);
-    }
+    std::vector<Signature> proposal;
+    proposal.reserve(batch.size());
+    for (Op* op : batch) proposal.push_back(op->sig);
+    const char* what = batch.front()->fusable ? "pycomm.allreduce" : "pycomm";
+    const bool leaving = static_cast<Collective>(batch.front()->sig.kind) == Collective::SHUTDOWN;
+    count = coordinator_.agree(proposal, what, leaving ? StallOptions{0.0, 0.0} : active_.stall,
+                               active_.check_consistency);
   } catch (...) {
     error = std::current_exception();
     count = 1;
@@ -217,6 +280,8 @@ size_t Engine::execute(std::vector<Op*>& batch) {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.operations += count;
     if (count > 1) stats_.fused_tensors += count;
+    last_op_ = batch.front()->sig.describe() + (count > 1 ? " and " + std::to_string(count - 1) + " fused" : "");
+    idle_since_ = std::chrono::steady_clock::now();
   }
   for (size_t i = 0; i < count; ++i) batch[i]->work->finish(error);
   return count;
@@ -264,7 +329,10 @@ void Engine::run_device_allreduce(const AllreduceArgs& a) {
   const double inv_n = 1.0 / static_cast<double>(topo_.size);
   if (a.average && half) gpu.scale(out.data, out.count, out.dtype, inv_n);
   const Algorithm algo = resolve(a.algorithm, out.bytes(), active_);
-  if (algo == Algorithm::MPI && !half) mpi_allreduce(out, a.op, topo_.world);  // MPI has no fp16/bf16 op on devices
+  // MPI has no fp16/bf16 op on devices, and pycomm's NaN-propagating float min/max ops run on the host.
+  const bool host_op = half || (a.op != ReduceOp::SUM && (out.dtype == DType::F32 || out.dtype == DType::F64));
+  if (algo == Algorithm::MPI && (!host_op || (out.device == Device::CPU && !half)))
+    mpi_allreduce(out, a.op, topo_.world);
   else ring_allreduce(out, a.op, topo_.world, active_.ring_chunk_bytes, &gpu);
   if (a.average && !half) gpu.scale(out.data, out.count, out.dtype, inv_n);
 }

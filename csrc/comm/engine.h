@@ -122,6 +122,9 @@ class Engine {
 
   const Topology& topology() const { return topo_; }
   EngineOptions options() const;
+  // Collective: queued behind the operations already submitted and applied at
+  // that same point on every rank; the ranks must pass the same options
+  // (CommError on every rank otherwise). Blocks until applied.
   void set_options(const EngineOptions& options);
 
   // `blocking`: the caller waits at once, so run on its thread if the engine is idle.
@@ -202,6 +205,9 @@ class Engine {
   bool busy_ = false;  // an operation is running (on the worker or inline on a caller)
   bool flush_ = false;  // flush(): skip the rest of the fusion cycle
   Stats stats_;
+  std::string last_op_ = "none yet";  // for stall reports
+  std::chrono::steady_clock::time_point idle_since_ = std::chrono::steady_clock::now();
+  std::string status() const;  // what this rank's engine is doing, for the coordinator's stall query
   std::thread worker_;
 };
 

@@ -25,6 +25,17 @@ void create_half_ops() {
   PYCOMM_MPI_CHECK(MPI_Op_create(&half_op<Half, 3>, 1, &g_half_ops[Half][3]));
 }
 
+// MPI_MIN/MAX on floats may drop a NaN (the result depends on which rank
+// holds it); these call pycomm's kernel, which propagates NaN like
+// torch.minimum, so `mpi` gives what ring and shm give.
+MPI_Op g_nan_ops[2][2];  // [f32, f64][min, max]
+
+template <int Float, int Op>
+void nan_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  constexpr DType dt = Float == 0 ? DType::F32 : DType::F64;
+  kernels::reduce_cpu(inout, in, static_cast<size_t>(*len), dt, static_cast<ReduceOp>(Op));
+}
+
 }  // namespace
 
 void mpi_types_init() {
@@ -36,6 +47,10 @@ void mpi_types_init() {
   PYCOMM_MPI_CHECK(MPI_Type_commit(&g_bf16));
   create_half_ops<0>();
   create_half_ops<1>();
+  PYCOMM_MPI_CHECK(MPI_Op_create(&nan_op<0, 1>, 1, &g_nan_ops[0][0]));
+  PYCOMM_MPI_CHECK(MPI_Op_create(&nan_op<0, 2>, 1, &g_nan_ops[0][1]));
+  PYCOMM_MPI_CHECK(MPI_Op_create(&nan_op<1, 1>, 1, &g_nan_ops[1][0]));
+  PYCOMM_MPI_CHECK(MPI_Op_create(&nan_op<1, 2>, 1, &g_nan_ops[1][1]));
   g_ready = true;
 }
 
@@ -48,6 +63,8 @@ void mpi_types_finalize() {
     MPI_Type_free(&g_f16);
     MPI_Type_free(&g_bf16);
     for (auto& row : g_half_ops)
+      for (auto& op : row) MPI_Op_free(&op);
+    for (auto& row : g_nan_ops)
       for (auto& op : row) MPI_Op_free(&op);
   }
   g_ready = false;
@@ -68,6 +85,8 @@ MPI_Datatype mpi_datatype(DType dtype) {
 MPI_Op mpi_op(DType dtype, ReduceOp op) {
   if (dtype == DType::F16 || dtype == DType::BF16)
     return g_half_ops[dtype == DType::F16 ? 0 : 1][static_cast<int>(op)];
+  if ((dtype == DType::F32 || dtype == DType::F64) && op != ReduceOp::SUM)
+    return g_nan_ops[dtype == DType::F32 ? 0 : 1][op == ReduceOp::MIN ? 0 : 1];
   switch (op) {
     case ReduceOp::SUM: return MPI_SUM;
     case ReduceOp::MIN: return MPI_MIN;

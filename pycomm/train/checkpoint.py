@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
+import pickle
 import re
 from typing import Any, Optional
 
@@ -61,8 +62,28 @@ def latest_step(directory: str) -> Optional[int]:
         return None
 
 
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be read: corrupt, truncated, or carrying types pycomm never saves."""
+
+
 def load(directory: str, step: int) -> Any:
+    """This rank's checkpoint of `step`.
+
+    Loaded with ``torch.load(weights_only=True)``: only tensors, containers and
+    plain values (what pycomm saves) are unpickled, so a file from elsewhere
+    cannot run code. Anything else raises CheckpointError naming the file.
+    """
     path = _path(directory, step, pycomm.rank())
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path} is missing (the 'latest' marker names step {step})")
-    return torch.load(path, weights_only=False)
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as e:
+        # torch's message explains weights_only at length; keep the first line (which global it refused).
+        first = str(e).strip().splitlines()
+        cause = next((ln for ln in first if "Unsupported global" in ln or "GLOBAL" in ln), first[0] if first else "")
+        raise CheckpointError(f"checkpoint {path} holds something other than tensors and plain values, which "
+                              f"pycomm never saves; refusing to load it ({cause.strip()})") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated: {type(e).__name__}: "
+                              f"{str(e).strip().splitlines()[0] if str(e).strip() else 'no detail'}") from None

@@ -13,6 +13,7 @@ import os
 import random
 import sys
 import time
+import warnings
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -75,15 +76,29 @@ def train(args) -> Dict[str, Any]:
     total_steps = spe * args.epochs
     state = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "loss_sum": 0.0, "loss_count": 0,
              "history": [], "elapsed": 0.0}
+    warmup = getattr(algo.config, "warmup_steps", None)
+    if warmup is not None and warmup >= total_steps and total_steps > 0 and rank == 0:
+        warnings.warn(f"pycomm-train: --warmup-steps is {warmup} but the run has only {total_steps} steps, so "
+                      f"{args.algorithm} never leaves its warm-up: the whole run is plain synchronous SGD. "
+                      "Lower --warmup-steps (e.g. --warmup-steps 0) or train longer.", stacklevel=1)
     if args.resume:
         step = checkpoint.latest_step(args.checkpoint_dir)
         if step is None:
             raise UsageError(f"--resume: no checkpoint in {args.checkpoint_dir!r} (no 'latest' marker)")
+        # Every rank reads its own file; the ranks then agree on the outcome, so a
+        # file missing or corrupt on one rank stops every rank with the same message.
+        ck, problem = None, None
         try:
             ck = checkpoint.load(args.checkpoint_dir, step)
         except FileNotFoundError as e:
-            raise UsageError(f"--resume: {e}; was the checkpoint made with a different number of ranks "
-                             f"(this job has {world})?") from None
+            problem = f"{e}; was the checkpoint made with a different number of ranks (this job has {world})?"
+        except checkpoint.CheckpointError as e:
+            problem = str(e)
+        from mpi4py import MPI
+
+        problems = [(r, p) for r, p in enumerate(MPI.COMM_WORLD.allgather(problem)) if p]
+        if problems:
+            raise UsageError("--resume: " + "; ".join(f"rank {r}: {p}" for r, p in problems))
         if ck.get("world_size", world) != world:
             raise UsageError(f"--resume: the checkpoint was made at {ck['world_size']} ranks, this job has {world}; "
                              "resume with the same number of ranks")

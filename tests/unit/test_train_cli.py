@@ -147,3 +147,75 @@ def test_resume_with_other_options_is_refused(capsys, tmp_path, blobs):
     assert "--resume: the checkpoint was made with different options: lr was None, now 0.2" in err
     err = error_of(capsys, ["--dataset", blobs, "--checkpoint-dir", str(tmp_path / "empty"), "--resume", *FAST])
     assert "no checkpoint in" in err
+
+
+def _checkpointed_run(tmp_path):
+    ck = str(tmp_path / "ck")
+    rc, out = run_under_mpi(2, ["-m", "pycomm.train", "--epochs", "1", "--batch-size", "64", "--checkpoint-dir", ck,
+                                *FAST], timeout=240)
+    assert rc == 0, out
+    step = open(os.path.join(ck, "latest")).read().strip()
+    return ck, os.path.join(ck, f"step{int(step):09d}-rank1.pt")
+
+
+def test_checkpoint_missing_or_corrupt_on_one_rank_ends_the_job(tmp_path):
+    # Only rank 1's file is damaged: every rank must stop, naming rank 1, its file and the cause.
+    ck, rank1 = _checkpointed_run(tmp_path)
+    good = open(rank1, "rb").read()
+    resume = ["-m", "pycomm.train", "--epochs", "2", "--batch-size", "64", "--checkpoint-dir", ck, "--resume", *FAST]
+    with open(rank1, "wb") as f:
+        f.write(good[: len(good) // 2])  # truncated, as by a full disk
+    rc, out = run_under_mpi(2, resume, timeout=120)
+    assert rc == 2, out
+    assert f"rank 1: checkpoint {rank1} is corrupt or truncated" in out, out
+    assert "rank 0:" not in out and "Traceback" not in out, out
+    os.remove(rank1)
+    rc, out = run_under_mpi(2, resume, timeout=120)
+    assert rc == 2, out
+    assert f"rank 1: checkpoint {rank1} is missing" in out, out
+
+
+class _Payload:
+    """Unpickling this runs os.system: what a hostile checkpoint would carry."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_checkpoint_with_a_pickled_callable_is_refused(tmp_path):
+    import torch
+
+    import pycomm
+    from pycomm.train import checkpoint
+
+    pycomm.init()
+    ck, marker = tmp_path / "ck", tmp_path / "code-ran"
+    ck.mkdir()
+    torch.save({"loop": {"epoch": 1}, "evil": _Payload(str(marker))}, str(ck / f"step{7:09d}-rank0.pt"))
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.load(str(ck), 7)
+    assert f"checkpoint {ck / f'step{7:09d}-rank0.pt'} holds something other than tensors" in str(e.value)
+    assert "posix.system" in str(e.value) or "os.system" in str(e.value), str(e.value)
+    assert not marker.exists()
+    # What pycomm itself saves still loads.
+    torch.save({"t": torch.arange(3), "rng": torch.get_rng_state(), "h": [{"a": 1.5, "b": None}], "s": "x"},
+               str(ck / f"step{8:09d}-rank0.pt"))
+    assert checkpoint.load(str(ck), 8)["h"] == [{"a": 1.5, "b": None}]
+
+
+def test_warmup_longer_than_the_run_warns(tmp_path, blobs, capsys):
+    # 2 epochs x 8 steps = 16 steps, BMUF's default warm-up is 500: the run would be plain SSGD.
+    with pytest.warns(UserWarning, match=r"--warmup-steps is 500 but the run has only 16 steps"):
+        assert main(["--algorithm", "bmuf", "--dataset", blobs, "--epochs", "2", "--batch-size", "8", *FAST]) == 0
+    with pytest.warns(UserWarning, match=r"--warmup-steps is 16 but the run has only 16 steps"):
+        assert main(["--algorithm", "bmuf", "--warmup-steps", "16", "--dataset", blobs, "--epochs", "2",
+                     "--batch-size", "8", *FAST]) == 0
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["--algorithm", "bmuf", "--warmup-steps", "15", "--dataset", blobs, "--epochs", "2",
+                     "--batch-size", "8", *FAST]) == 0
