@@ -22,6 +22,8 @@ from .collectives import (
     broadcast_async,
     resolve_algorithm,
 )
+from .collectives import alltoall, alltoall_async, reduce_scatter, reduce_scatter_async
+from .groups import ProcessGroup, destroy_group, new_group
 from .optimizer import (
     SUPPORTED_COMPRESSION,
     DistributedOptimizer,
@@ -62,3 +64,5 @@ __all__ = [
     "is_initialized", "local_comm", "local_rank", "local_size", "node_rank", "num_nodes", "rank",
     "resolve_algorithm", "set_options", "shutdown", "size", "stats", "topology", "world_comm",
 ]
+__all__ += ["ProcessGroup", "alltoall", "alltoall_async", "destroy_group", "new_group", "reduce_scatter",
+            "reduce_scatter_async"]

@@ -100,20 +100,21 @@ def check_allreduce(tensor: torch.Tensor, op: str, algorithm: str, out: Optional
 
 
 def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
-                    out: Optional[torch.Tensor] = None, name: Optional[str] = None, blocking: bool = False):
-    """The uncompressed allreduce: checks, then the engine."""
+                    out: Optional[torch.Tensor] = None, name: Optional[str] = None, blocking: bool = False,
+                    gid: int = 0):
+    """The uncompressed allreduce: checks, then the engine (gid: a pycomm.groups id, 0 for all ranks)."""
     out = check_allreduce(tensor, op, algorithm, out, name)
     reduce_op = "sum" if op == "avg" else op
-    handle = _C.allreduce_async(tensor, out, reduce_op, op == "avg", algorithm, name or "", blocking)
+    handle = _C.allreduce_async(tensor, out, reduce_op, op == "avg", algorithm, name or "", blocking, gid)
     if not blocking and not name:
         note_unnamed(handle)
     return handle
 
 
-def allgather_async(tensor: torch.Tensor, name: Optional[str] = None):
+def allgather_async(tensor: torch.Tensor, name: Optional[str] = None, gid: int = 0):
     topology()
     check_tensor(tensor, "allgather", name)
     if tensor.dim() == 0:
         raise ValueError(f"pycomm.allgather: tensor{label(name)} is a scalar; give it at least one dimension "
                          "(tensor.reshape(1))")
-    return _C.allgather_async(tensor, name or "")
+    return _C.allgather_async(tensor, name or "", gid)

@@ -8,13 +8,16 @@ every rank holds bitwise the same values.
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import torch
 
 from . import _C, _ops
 from ._ops import ALLREDUCE_ALGORITHMS, REDUCE_OPS, SUPPORTED_DTYPES, check_tensor  # noqa: F401 (public names)
+from ._ops import check_op as _check_op
+from ._ops import label as _label
 from .compression import Compressor, resolve
+from .groups import ProcessGroup, group_id, group_rank, group_size
 from .runtime import topology
 
 Handle = _C.Handle
@@ -24,7 +27,7 @@ COMPRESSIONS = ("none", "fp16", "bf16", "onebit")  # pycomm/compression.py; more
 
 def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
                     out: Optional[torch.Tensor] = None, name: Optional[str] = None, _blocking: bool = False,
-                    compression: Union[str, Compressor] = "none") -> Handle:
+                    compression: Union[str, Compressor] = "none", group: Optional[ProcessGroup] = None) -> Handle:
     """Start an allreduce; ``handle.wait()`` returns the result tensor.
 
     op: sum | avg | min | max. avg of fp16/bf16 divides by N before summing
@@ -39,11 +42,16 @@ def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "aut
     compression: none | fp16 | bf16 | onebit (float32 tensors, op avg or sum,
     algorithm auto; onebit needs a name) or a pycomm.compression.Compressor;
     see pycomm.compression.
+    group: a pycomm.new_group() group (default: all ranks).
     """
+    topology()
+    gid = group_id(group, "allreduce")
     if not (isinstance(compression, str) and compression == "none"):
         out = _ops.check_allreduce(tensor, op, algorithm, out, name)
         compressor = resolve(compression)
         if compressor.name != "none":
+            if gid:
+                raise ValueError("pycomm.allreduce: compression runs over all ranks; group= needs compression='none'")
             if algorithm != "auto":
                 raise ValueError(f"pycomm.allreduce: algorithm={algorithm!r} applies to compression='none'; "
                                  f"compression={compressor.name!r} runs its own scheme (leave algorithm='auto')")
@@ -51,43 +59,47 @@ def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "aut
             if not _blocking and not name:
                 _ops.note_unnamed(handle, stacklevel=3)
             return handle
-    return _ops.allreduce_async(tensor, op=op, algorithm=algorithm, out=out, name=name, blocking=_blocking)
+    return _ops.allreduce_async(tensor, op=op, algorithm=algorithm, out=out, name=name, blocking=_blocking, gid=gid)
 
 
 def allreduce(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
               out: Optional[torch.Tensor] = None, name: Optional[str] = None,
-              compression: Union[str, Compressor] = "none") -> torch.Tensor:
+              compression: Union[str, Compressor] = "none", group: Optional[ProcessGroup] = None) -> torch.Tensor:
     """Reduce `tensor` over all ranks; see allreduce_async. Returns the result."""
     return allreduce_async(tensor, op=op, algorithm=algorithm, out=out, name=name, _blocking=True,
-                           compression=compression).wait()
+                           compression=compression, group=group).wait()
 
 
 def broadcast_async(tensor: torch.Tensor, root: int = 0, name: Optional[str] = None,
-                    _blocking: bool = False) -> Handle:
-    """Start a broadcast of `tensor` from `root` into every rank's `tensor` (in place)."""
-    topo = topology()
-    _ops.check_tensor(tensor, "broadcast", name)
-    if not isinstance(root, int) or not 0 <= root < topo.size:
-        raise ValueError(f"pycomm.broadcast: root={root!r} is not a rank of this job (0..{topo.size - 1})")
-    return _C.broadcast_async(tensor, root, name or "", _blocking)
+                    _blocking: bool = False, group: Optional[ProcessGroup] = None) -> Handle:
+    """Start a broadcast of `tensor` from `root` (a rank of `group`) into every rank's `tensor` (in place)."""
+    topology()
+    gid, n = group_id(group, "broadcast"), group_size(group)
+    check_tensor(tensor, "broadcast", name)
+    if not isinstance(root, int) or not 0 <= root < n:
+        raise ValueError(f"pycomm.broadcast: root={root!r} is not a rank of this {'group' if gid else 'job'} "
+                         f"(0..{n - 1})")
+    return _C.broadcast_async(tensor, root, name or "", _blocking, gid)
 
 
-def broadcast(tensor: torch.Tensor, root: int = 0, name: Optional[str] = None) -> torch.Tensor:
+def broadcast(tensor: torch.Tensor, root: int = 0, name: Optional[str] = None,
+              group: Optional[ProcessGroup] = None) -> torch.Tensor:
     """Broadcast `tensor` from `root` in place; returns it."""
-    return broadcast_async(tensor, root, name, _blocking=True).wait()
+    return broadcast_async(tensor, root, name, _blocking=True, group=group).wait()
 
 
-def allgather_async(tensor: torch.Tensor, name: Optional[str] = None) -> Handle:
+def allgather_async(tensor: torch.Tensor, name: Optional[str] = None, group: Optional[ProcessGroup] = None) -> Handle:
     """Start an allgather; ``wait()`` returns the concatenation along dim 0 in rank order.
 
     The first dimension may differ per rank; the others, and the dtype, must agree.
     """
-    return _ops.allgather_async(tensor, name)
+    topology()
+    return _ops.allgather_async(tensor, name, gid=group_id(group, "allgather"))
 
 
-def allgather(tensor: torch.Tensor, name: Optional[str] = None) -> torch.Tensor:
+def allgather(tensor: torch.Tensor, name: Optional[str] = None, group: Optional[ProcessGroup] = None) -> torch.Tensor:
     """Concatenate every rank's `tensor` along dim 0, in rank order."""
-    return allgather_async(tensor, name).wait()
+    return allgather_async(tensor, name, group=group).wait()
 
 
 def resolve_algorithm(algorithm: str, nbytes: int) -> str:
@@ -98,7 +110,76 @@ def resolve_algorithm(algorithm: str, nbytes: int) -> str:
     return _C.resolve_algorithm(algorithm, int(nbytes))
 
 
-def barrier() -> None:
+def barrier(group: Optional[ProcessGroup] = None) -> None:
     """Block until every rank has reached the barrier (after all earlier collectives)."""
     topology()
-    _C.barrier_async(True).wait()
+    _C.barrier_async(True, group_id(group, "barrier")).wait()
+
+
+REDUCE_SCATTER_ALGORITHMS = ("auto", "ring", "mpi")
+
+
+def reduce_scatter_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
+                         name: Optional[str] = None, group: Optional[ProcessGroup] = None,
+                         _blocking: bool = False) -> Handle:
+    """Start a reduce-scatter; ``wait()`` returns this rank's part of the reduction.
+
+    `tensor` is cut along dim 0 into N parts as ``torch.tensor_split(tensor, N)``
+    does (sizes differ by at most one row, the first parts larger); rank r
+    receives the reduction (op: sum | avg | min | max) of part r over all ranks.
+    `tensor` is not modified. algorithm: auto (mpi below PYCOMM_AUTO_RING_MIN_BYTES,
+    else ring) | ring (the reduce-scatter half of the ring allreduce) | mpi
+    (MPI_Reduce_scatter).
+    """
+    topology()
+    gid, n, r = group_id(group, "reduce_scatter"), group_size(group), group_rank(group)
+    check_tensor(tensor, "reduce_scatter", name)
+    _check_op(op, tensor.dtype, "reduce_scatter")
+    if algorithm not in REDUCE_SCATTER_ALGORITHMS:
+        raise ValueError(f"pycomm.reduce_scatter: unknown algorithm {algorithm!r}; "
+                         f"choose one of {', '.join(REDUCE_SCATTER_ALGORITHMS)}")
+    if tensor.dim() == 0:
+        raise ValueError(f"pycomm.reduce_scatter: tensor{_label(name)} is a scalar; give it at least one dimension")
+    base, rem = divmod(tensor.shape[0], n)
+    rows = [base + (1 if i < rem else 0) for i in range(n)]
+    out = torch.empty((rows[r],) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    reduce_op = "sum" if op == "avg" else op
+    return _C.reduce_scatter_async(tensor, out, rows, reduce_op, op == "avg", algorithm, name or "", _blocking, gid)
+
+
+def reduce_scatter(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto", name: Optional[str] = None,
+                   group: Optional[ProcessGroup] = None) -> torch.Tensor:
+    """This rank's part of the reduction of `tensor` over all ranks; see reduce_scatter_async."""
+    return reduce_scatter_async(tensor, op, algorithm, name, group, _blocking=True).wait()
+
+
+def alltoall_async(tensor: torch.Tensor, splits: Optional[Sequence[int]] = None, name: Optional[str] = None,
+                   group: Optional[ProcessGroup] = None, _blocking: bool = False) -> Handle:
+    """Start an alltoall; ``wait()`` returns the rows received from every rank, in rank order.
+
+    splits[j] rows of `tensor` (dim 0, in order) go to rank j; None sends equal
+    parts (the first dimension must then be divisible by the number of ranks).
+    Ranks may send different numbers of rows; the other dimensions and the
+    dtype must agree.
+    """
+    topology()
+    gid, n = group_id(group, "alltoall"), group_size(group)
+    check_tensor(tensor, "alltoall", name)
+    if tensor.dim() == 0:
+        raise ValueError(f"pycomm.alltoall: tensor{_label(name)} is a scalar; give it at least one dimension")
+    if splits is None:
+        if tensor.shape[0] % n:
+            raise ValueError(f"pycomm.alltoall: tensor{_label(name)} has {tensor.shape[0]} rows, not divisible by "
+                             f"{n} ranks; pass splits=[rows for each rank]")
+        splits = [tensor.shape[0] // n] * n
+    splits = [int(s) for s in splits]
+    if len(splits) != n or any(s < 0 for s in splits) or sum(splits) != tensor.shape[0]:
+        raise ValueError(f"pycomm.alltoall: splits {splits} must be {n} non-negative row counts adding up to "
+                         f"the tensor's {tensor.shape[0]} rows")
+    return _C.alltoall_async(tensor, splits, name or "", _blocking, gid)
+
+
+def alltoall(tensor: torch.Tensor, splits: Optional[Sequence[int]] = None, name: Optional[str] = None,
+             group: Optional[ProcessGroup] = None) -> torch.Tensor:
+    """Send splits[j] rows of `tensor` to rank j; return the rows received, in rank order."""
+    return alltoall_async(tensor, splits, name, group, _blocking=True).wait()

@@ -31,6 +31,7 @@ buckets; after the step it holds the reduced gradient on every rank.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import weakref
 from collections import OrderedDict
@@ -111,6 +112,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if isinstance(optimizer, DistributedOptimizer):
             raise TypeError("DistributedOptimizer: the optimizer is already distributed; wrap the plain optimizer once")
+        if getattr(optimizer, "reduces_gradients", False):
+            raise TypeError(f"DistributedOptimizer: {type(optimizer).__name__} is the whole data-parallel step (it "
+                            "averages gradients or momenta itself); use it without DistributedOptimizer")
         check_compression(compression)
         if op not in SUPPORTED_OPS:
             raise ValueError(f"DistributedOptimizer: unknown op {op!r}; choose one of {', '.join(SUPPORTED_OPS)}")
@@ -184,6 +188,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._bucket_of: Dict[int, _Bucket] = {id(p): b for b in self._buckets for p in b.params}
         self._passes: Dict[int, int] = {id(p): 0 for p in trainable}
         self._next_to_start = 0
+        # True from synchronize() until the next gradient arrives or step()/zero_grad() ends the
+        # iteration: step() then does not reduce again (Horovod: synchronize(); clip; step()).
+        self._synchronized = False
+        self._skip_sync = False
         # The hooks hold the wrapper weakly: a dropped DistributedOptimizer stops reducing.
         ref = weakref.ref(self)
 
@@ -219,6 +227,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # -- during backward ---------------------------------------------------
     def _on_grad(self, p: torch.Tensor) -> None:
         key = id(p)
+        self._synchronized = False
         self._passes[key] += 1
         passes = self._passes[key]
         if passes > self.backward_passes_per_step:
@@ -270,7 +279,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # -- step --------------------------------------------------------------
     def synchronize(self) -> None:
-        """Start the buckets not yet started, wait for all, write reduced gradients to ``p.grad``."""
+        """Start the buckets not yet started, wait for all, write reduced gradients to ``p.grad``.
+
+        Idempotent within an iteration: after one synchronize(), another one (or
+        step()) does not reduce again until a new backward pass produces gradients.
+        """
+        if self._synchronized:
+            return
         while self._next_to_start < len(self._buckets):
             self._start(self._buckets[self._next_to_start])
             self._next_to_start += 1
@@ -291,9 +306,29 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for key in self._passes:
             self._passes[key] = 0
         self._next_to_start = 0
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Inside this context ``step()`` does not reduce: call ``synchronize()`` before it.
+
+        Horovod's pattern for working on the reduced gradients before the update::
+
+            opt.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # or scaler.unscale_(opt)
+            with opt.skip_synchronize():
+                opt.step()                                             # or scaler.step(opt)
+
+        (Without the context, ``step()`` after ``synchronize()`` also reduces only once.)
+        """
+        self._skip_sync = True
+        try:
+            yield
+        finally:
+            self._skip_sync = False
 
     def step(self, closure=None):
-        """Reduce the gradients over all ranks, then step the wrapped optimizer.
+        """Reduce the gradients over all ranks (unless synchronize() already did), then step the wrapped optimizer.
 
         A closure is evaluated first (its backward pass fills the buckets).
         """
@@ -301,14 +336,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.synchronize()
+        if self._skip_sync:
+            if not self._synchronized and (self._next_to_start > 0 or any(b.ready for b in self._buckets)):
+                raise RuntimeError(
+                    f"DistributedOptimizer (rank {rank()}): step() inside skip_synchronize() but the gradients of this "
+                    "iteration were not reduced; call opt.synchronize() before the skip_synchronize() block")
+        else:
+            self.synchronize()
         self._optimizer.step()
+        self._synchronized = False
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if any(b.handle is not None for b in self._buckets):
             raise RuntimeError("DistributedOptimizer.zero_grad() called while gradients are being reduced; "
                                "call step() (or synchronize()) first")
+        self._synchronized = False
         self._optimizer.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self) -> dict:

@@ -20,10 +20,15 @@ comm::Buffer to_buffer(const at::Tensor& t, const char* what);
 
 // The running engine (comm.cpp); throws CommError before pycomm.init().
 comm::Engine& engine();
+// The engine of process group `group` (0: the world); throws CommError if it is not running.
+comm::Engine& engine_of(int64_t group);
 
 void register_comm(pybind11::module_& m);
+void register_comm_ops(pybind11::module_& m);  // comm.cpp: reduce_scatter, alltoall, process groups
+void register_c10d(pybind11::module_& m);      // c10d/python.cpp: the torch.distributed backend
 void register_compression(pybind11::module_& m);
 void register_kernels(pybind11::module_& m);
+void register_optim(pybind11::module_& m);
 
 }  // namespace bindings
 }  // namespace pycomm

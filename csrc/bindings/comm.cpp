@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <mutex>
 
@@ -16,11 +17,23 @@ namespace bindings {
 namespace {
 std::unique_ptr<comm::Engine> g_engine;
 std::mutex g_engine_mu;
+// Process groups other than the world: one engine each, on the group's own
+// communicators (pycomm/groups.py). Keyed by a group id > 0.
+std::map<int64_t, std::unique_ptr<comm::Engine>> g_groups;
 }  // namespace
 
 comm::Engine& engine() {
   if (!g_engine) throw comm::CommError("pycomm is not initialized: call pycomm.init() first");
   return *g_engine;
+}
+
+comm::Engine& engine_of(int64_t group) {
+  if (group == 0) return engine();
+  auto it = g_groups.find(group);
+  if (it == g_groups.end())
+    throw comm::CommError("pycomm process group " + std::to_string(group) + " is not running (destroyed, or this "
+                          "rank is not a member)");
+  return *it->second;
 }
 
 namespace {
@@ -29,6 +42,7 @@ comm::ReduceOp parse_op(const std::string& op) {
   if (op == "sum") return comm::ReduceOp::SUM;
   if (op == "min") return comm::ReduceOp::MIN;
   if (op == "max") return comm::ReduceOp::MAX;
+  if (op == "prod") return comm::ReduceOp::PROD;
   throw py::value_error("unknown reduction op '" + op + "'; choose sum, avg, min or max");
 }
 
@@ -134,7 +148,7 @@ std::shared_ptr<void> keep(std::vector<at::Tensor> tensors) {
 
 std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tensor& output, const std::string& op,
                                         bool average, const std::string& algorithm, const std::string& name,
-                                        bool blocking) {
+                                        bool blocking, int64_t group = 0) {
   comm::AllreduceArgs a;
   a.input = to_buffer(input, "allreduce");
   a.output = to_buffer(output, "allreduce out");
@@ -147,22 +161,23 @@ std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tenso
   comm::WorkPtr work;
   {
     py::gil_scoped_release release;  // a blocking call may run the collective right here
-    work = engine().allreduce(a, keep({input, output}), blocking);
+    work = engine_of(group).allreduce(a, keep({input, output}), blocking);
   }
   return std::make_shared<Handle>(work, output);
 }
 
-std::shared_ptr<Handle> broadcast_async(const at::Tensor& tensor, int root, const std::string& name, bool blocking) {
+std::shared_ptr<Handle> broadcast_async(const at::Tensor& tensor, int root, const std::string& name, bool blocking,
+                                        int64_t group = 0) {
   comm::Buffer b = to_buffer(tensor, "broadcast");
   comm::WorkPtr work;
   {
     py::gil_scoped_release release;
-    work = engine().broadcast(b, root, name, keep({tensor}), blocking);
+    work = engine_of(group).broadcast(b, root, name, keep({tensor}), blocking);
   }
   return std::make_shared<Handle>(work, tensor);
 }
 
-std::shared_ptr<Handle> allgather_async(const at::Tensor& tensor, const std::string& name) {
+std::shared_ptr<Handle> allgather_async(const at::Tensor& tensor, const std::string& name, int64_t group = 0) {
   if (tensor.dim() == 0) throw py::value_error("allgather: tensor needs at least one dimension");
   comm::Buffer b = to_buffer(tensor, "allgather");
   auto gathered = std::make_shared<Handle::Gathered>();
@@ -175,14 +190,136 @@ std::shared_ptr<Handle> allgather_async(const at::Tensor& tensor, const std::str
     gathered->flat = at::empty({gathered->rows * row_numel}, options);
     return gathered->flat.data_ptr();
   };
-  auto work = engine().allgather(b, static_cast<size_t>(tensor.size(0)), gathered->row_shape, allocate, name,
+  auto work = engine_of(group).allgather(b, static_cast<size_t>(tensor.size(0)), gathered->row_shape, allocate, name,
                                  keep({tensor}));
   auto handle = std::make_shared<Handle>(work, at::Tensor());
   handle->gathered = gathered;
   return handle;
 }
 
+// reduce_scatter: `output` holds this rank's segment of `input` split along
+// dim 0 into `rows[j]` rows for rank j.
+std::shared_ptr<Handle> reduce_scatter_async(const at::Tensor& input, const at::Tensor& output,
+                                             const std::vector<int64_t>& rows, const std::string& op, bool average,
+                                             const std::string& algorithm, const std::string& name, bool blocking,
+                                             int64_t group) {
+  comm::ReduceScatterArgs a;
+  a.input = to_buffer(input, "reduce_scatter");
+  a.output = to_buffer(output, "reduce_scatter out");
+  if (input.device() != output.device()) throw py::value_error("reduce_scatter: out must be on the input's device");
+  const int64_t row_numel = input.dim() == 0 || input.size(0) == 0 ? 0 : input.numel() / input.size(0);
+  a.segments.push_back(0);
+  for (int64_t r : rows) a.segments.push_back(a.segments.back() + static_cast<size_t>(r * row_numel));
+  a.shape.assign(input.sizes().begin(), input.sizes().end());
+  a.op = parse_op(op);
+  a.average = average;
+  a.algorithm = parse_algorithm(algorithm);
+  a.name = name;
+  comm::WorkPtr work;
+  {
+    py::gil_scoped_release release;
+    work = engine_of(group).reduce_scatter(a, keep({input, output}), blocking);
+  }
+  return std::make_shared<Handle>(work, output);
+}
+
+// alltoall: `splits[j]` rows of `input` go to rank j; the output (rows from
+// every rank, in rank order) is allocated once the counts are known.
+std::shared_ptr<Handle> alltoall_async(const at::Tensor& input, const std::vector<int64_t>& splits,
+                                       const std::string& name, bool blocking, int64_t group) {
+  if (input.dim() == 0) throw py::value_error("alltoall: tensor needs at least one dimension");
+  comm::AlltoallArgs a;
+  a.input = to_buffer(input, "alltoall");
+  a.row_shape.assign(input.sizes().begin() + 1, input.sizes().end());
+  int64_t row_numel = 1;
+  for (int64_t d : a.row_shape) row_numel *= d;
+  a.row_elems = static_cast<size_t>(row_numel);
+  for (int64_t s : splits) a.send_rows.push_back(static_cast<size_t>(s));
+  a.name = name;
+  auto gathered = std::make_shared<Handle::Gathered>();
+  gathered->row_shape = a.row_shape;
+  auto options = input.options();
+  a.allocate = [gathered, options, row_numel](size_t rows) -> void* {
+    gathered->rows = static_cast<int64_t>(rows);
+    gathered->flat = at::empty({gathered->rows * row_numel}, options);
+    return gathered->flat.data_ptr();
+  };
+  comm::WorkPtr work;
+  {
+    py::gil_scoped_release release;
+    work = engine_of(group).alltoall(a, keep({input}), blocking);
+  }
+  auto handle = std::make_shared<Handle>(work, at::Tensor());
+  handle->gathered = gathered;
+  return handle;
+}
+
 }  // namespace
+
+void start_group_engine(int64_t group, const comm::Topology& t, MPI_Comm control, bool homogeneous) {
+  std::lock_guard<std::mutex> lock(g_engine_mu);
+  if (group <= 0) throw comm::CommError("process group ids start at 1");
+  if (g_groups.count(group)) throw comm::CommError("pycomm process group " + std::to_string(group) + " exists");
+  g_groups[group] = std::make_unique<comm::Engine>(t, control, homogeneous, engine().options());
+}
+
+void stop_group_engine(int64_t group) {
+  std::unique_ptr<comm::Engine> e;
+  {
+    std::lock_guard<std::mutex> lock(g_engine_mu);
+    auto it = g_groups.find(group);
+    if (it == g_groups.end()) return;
+    e = std::move(it->second);
+    g_groups.erase(it);
+  }
+  e.reset();  // drains the queue, joins the worker
+}
+
+namespace {
+comm::Topology topology_from(int64_t world, int64_t local, int64_t cross, int rank, int size, int local_rank,
+                             int local_size, int node_rank, int num_nodes) {
+  comm::Topology t;
+  t.world = MPI_Comm_f2c(static_cast<MPI_Fint>(world));
+  t.local = MPI_Comm_f2c(static_cast<MPI_Fint>(local));
+  t.cross = MPI_Comm_f2c(static_cast<MPI_Fint>(cross));
+  t.rank = rank;
+  t.size = size;
+  t.local_rank = local_rank;
+  t.local_size = local_size;
+  t.node_rank = node_rank;
+  t.num_nodes = num_nodes;
+  return t;
+}
+}  // namespace
+
+void register_comm_ops(py::module_& m) {
+  register_c10d(m);
+  m.def("reduce_scatter_async", &reduce_scatter_async, py::arg("input"), py::arg("output"), py::arg("rows"),
+        py::arg("op"), py::arg("average"), py::arg("algorithm") = "auto", py::arg("name") = "",
+        py::arg("blocking") = false, py::arg("group") = 0);
+  m.def("alltoall_async", &alltoall_async, py::arg("input"), py::arg("splits"), py::arg("name") = "",
+        py::arg("blocking") = false, py::arg("group") = 0);
+  m.def(
+      "group_engine_start",
+      [](int64_t group, int64_t world, int64_t local, int64_t cross, int64_t control, int rank, int size,
+         int local_rank, int local_size, int node_rank, int num_nodes, bool homogeneous) {
+        start_group_engine(group, topology_from(world, local, cross, rank, size, local_rank, local_size, node_rank,
+                                                num_nodes),
+                           MPI_Comm_f2c(static_cast<MPI_Fint>(control)), homogeneous);
+      },
+      "Start the engine of process group `group` (> 0) on its communicators (Fortran handles); it takes the "
+      "world engine's options.");
+  m.def(
+      "group_engine_stop",
+      [](int64_t group) {
+        py::gil_scoped_release release;
+        stop_group_engine(group);
+      },
+      "Finish the group's queued operations and stop its engine.");
+  m.def("group_set_options", [](int64_t group, const py::dict& d) {
+    engine_of(group).set_options(options_from(d, engine_of(group).options()));
+  });
+}
 
 void register_comm(py::module_& m) {
   static py::exception<comm::CommError> comm_error(m, "CommError", PyExc_RuntimeError);
@@ -224,6 +361,7 @@ void register_comm(py::module_& m) {
   m.def("engine_stop", [] {
     std::lock_guard<std::mutex> lock(g_engine_mu);
     py::gil_scoped_release release;
+    g_groups.clear();  // group engines first: they share the world's MPI types
     g_engine.reset();  // drains the queue, joins the worker
   });
   m.def("engine_running", [] { return static_cast<bool>(g_engine); });
@@ -248,21 +386,22 @@ void register_comm(py::module_& m) {
   }, "The algorithm that `algorithm` (e.g. 'auto') means for a message of `bytes` on this topology.");
 
   m.def("allreduce_async", &allreduce_async, py::arg("input"), py::arg("output"), py::arg("op"), py::arg("average"),
-        py::arg("algorithm"), py::arg("name") = "", py::arg("blocking") = false);
+        py::arg("algorithm"), py::arg("name") = "", py::arg("blocking") = false, py::arg("group") = 0);
   m.def("broadcast_async", &broadcast_async, py::arg("tensor"), py::arg("root"), py::arg("name") = "",
-        py::arg("blocking") = false);
-  m.def("allgather_async", &allgather_async, py::arg("tensor"), py::arg("name") = "");
+        py::arg("blocking") = false, py::arg("group") = 0);
+  m.def("allgather_async", &allgather_async, py::arg("tensor"), py::arg("name") = "", py::arg("group") = 0);
   m.def(
       "barrier_async",
-      [](bool blocking) {
+      [](bool blocking, int64_t group) {
         comm::WorkPtr work;
         {
           py::gil_scoped_release release;
-          work = engine().barrier(blocking);
+          work = engine_of(group).barrier(blocking);
         }
         return std::make_shared<Handle>(work, at::Tensor());
       },
-      py::arg("blocking") = false);
+      py::arg("blocking") = false, py::arg("group") = 0);
+  register_comm_ops(m);
 }
 
 }  // namespace bindings

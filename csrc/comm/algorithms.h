@@ -34,6 +34,49 @@ void broadcast(const Buffer& buf, int root, MPI_Comm comm);
 std::vector<size_t> allgatherv(const void* send, size_t rows, size_t row_bytes, MPI_Comm comm,
                                const std::function<void*(size_t)>& allocate);
 
+// The reduce-scatter half of the ring allreduce, in place on `buf`: segment j is
+// [segments[j], segments[j+1]) (N+1 offsets in elements); afterwards rank r's
+// segment r of `buf` holds the reduction over all ranks (other segments hold
+// partial sums). Host memory. Defined in ring_allreduce.cpp.
+void ring_reduce_scatter_inplace(const Buffer& buf, const std::vector<size_t>& segments, ReduceOp op, MPI_Comm comm,
+                                 size_t chunk_bytes);
+
+// Reduce-scatter algorithms (reduce_scatter.cpp). `input` holds every rank's
+// full vector of segments (segment j = [segments[j], segments[j+1]) in
+// elements); rank r receives the reduction of segment r in `output`. `input`
+// is left unchanged. Host memory.
+class RingReduceScatter {
+ public:
+  RingReduceScatter(MPI_Comm comm, size_t chunk_bytes) : comm_(comm), chunk_bytes_(chunk_bytes) {}
+  void run(const Buffer& input, void* output, const std::vector<size_t>& segments, ReduceOp op);
+
+ private:
+  MPI_Comm comm_;
+  size_t chunk_bytes_;
+};
+
+class MpiReduceScatter {
+ public:
+  explicit MpiReduceScatter(MPI_Comm comm) : comm_(comm) {}
+  void run(const Buffer& input, void* output, const std::vector<size_t>& segments, ReduceOp op);
+
+ private:
+  MPI_Comm comm_;
+};
+
+// Alltoall (alltoall.cpp): rank r sends send_bytes[j] bytes from
+// send + send_offset[j] to rank j, and receives recv_bytes[j] bytes from rank j
+// at recv + recv_offset[j]. Host memory.
+class PairwiseAlltoall {
+ public:
+  explicit PairwiseAlltoall(MPI_Comm comm) : comm_(comm) {}
+  void run(const char* send, const std::vector<size_t>& send_offset, const std::vector<size_t>& send_bytes, char* recv,
+           const std::vector<size_t>& recv_offset, const std::vector<size_t>& recv_bytes);
+
+ private:
+  MPI_Comm comm_;
+};
+
 }  // namespace comm
 }  // namespace pycomm
 

@@ -42,6 +42,11 @@ const char* kind_name(int32_t kind) {
     case Collective::SHUTDOWN: return "shutdown";
     case Collective::OPTIONS: return "set_options";
     case Collective::CUSTOM: return "operation";
+    case Collective::REDUCE_SCATTER: return "reduce_scatter";
+    case Collective::ALLTOALL: return "alltoall";
+    case Collective::REDUCE: return "reduce";
+    case Collective::GATHER: return "gather";
+    case Collective::SCATTER: return "scatter";
   }
   return "unknown";
 }

@@ -41,6 +41,7 @@ enum class Collective : int32_t {
   SHUTDOWN = 5,  // the rank leaves (pycomm.shutdown(), or the end of its program)
   OPTIONS = 6,   // set_options: applied at the same point of every rank's queue
   CUSTOM = 7,    // an engine operation defined elsewhere (compressed allreduce)
+  REDUCE_SCATTER = 8, ALLTOALL = 9, REDUCE = 10, GATHER = 11, SCATTER = 12,
 };
 
 struct Signature {

@@ -41,13 +41,27 @@ bool Work::done() const {
 }
 
 void Work::finish(std::exception_ptr error) {
+  std::vector<std::function<void(std::exception_ptr)>> callbacks;
   {
     std::lock_guard<std::mutex> lock(mu_);
     error_ = error;
     done_ = true;
     keepalive_.reset();
+    callbacks.swap(callbacks_);
   }
   cv_.notify_all();
+  for (auto& fn : callbacks) fn(error);
+}
+
+void Work::then(std::function<void(std::exception_ptr)> fn) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!done_) {
+    callbacks_.push_back(std::move(fn));
+    return;
+  }
+  std::exception_ptr error = error_;
+  lock.unlock();
+  fn(error);
 }
 
 Engine::Engine(const Topology& topo, MPI_Comm control, bool homogeneous, const EngineOptions& options)
@@ -209,8 +223,9 @@ void Engine::loop() {
     if (fusion) {  // give the head a cycle to gather company
       auto deadline = queue_.front().submitted +
                       std::chrono::microseconds(static_cast<int64_t>(active_.cycle_time_ms * 1000.0));
-      cv_.wait_until(lock, deadline, [&] { return stopping_ || !take_batch(nullptr); });
+      cv_.wait_until(lock, deadline, [&] { return stopping_ || flush_ || !take_batch(nullptr); });
     }
+    flush_ = false;
     std::vector<Op*> batch;
     take_batch(&batch);
     lock.unlock();
@@ -510,6 +525,15 @@ WorkPtr Engine::allgather(const Buffer& send, size_t rows, std::vector<int64_t> 
       mover.wait_lane(0);
     }
   }, false);
+}
+
+void Engine::flush() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (queue_.empty()) return;  // nothing held back
+    flush_ = true;
+  }
+  cv_.notify_all();
 }
 
 WorkPtr Engine::barrier(bool blocking) {

@@ -58,8 +58,13 @@ class Work {
   bool done() const;
   const std::string& description() const { return description_; }
   void finish(std::exception_ptr error);
+  // Run `fn(error)` once the operation has finished: on the finishing thread,
+  // or at once on the caller's if it already has (the c10d backend completes
+  // its futures this way).
+  void then(std::function<void(std::exception_ptr)> fn);
 
  private:
+  std::vector<std::function<void(std::exception_ptr)>> callbacks_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -76,6 +81,35 @@ struct AllreduceArgs {
   ReduceOp op = ReduceOp::SUM;
   bool average = false;
   Algorithm algorithm = Algorithm::AUTO;
+  std::string name;
+};
+
+// Reduce-scatter: `input` (shape `shape`) is cut into N segments,
+// segment j = elements [segments[j], segments[j+1]); rank r receives the
+// reduction of segment r in `output`. `input` is not modified.
+struct ReduceScatterArgs {
+  Buffer input;
+  Buffer output;
+  std::vector<size_t> segments;  // N+1 element offsets
+  std::vector<int64_t> shape;
+  ReduceOp op = ReduceOp::SUM;
+  bool average = false;
+  Algorithm algorithm = Algorithm::AUTO;  // auto | ring | mpi
+  std::string name;
+};
+
+// Alltoall of rows of `row_elems` elements: `send_rows[j]` rows of `input` (in
+// rank order) go to rank j. `recv_rows` empty: the counts are exchanged and
+// `allocate(total_rows)` (engine thread) returns the output; else the output
+// is `output`, and counts that do not match the senders' raise on every rank.
+struct AlltoallArgs {
+  Buffer input;
+  size_t row_elems = 1;
+  std::vector<int64_t> row_shape;
+  std::vector<size_t> send_rows;
+  std::vector<size_t> recv_rows;
+  void* output = nullptr;
+  std::function<void*(size_t)> allocate;
   std::string name;
 };
 
@@ -103,6 +137,11 @@ class Engine {
   WorkPtr allgather(const Buffer& send, size_t rows, std::vector<int64_t> row_shape,
                     std::function<void*(size_t)> allocate, std::string name, std::shared_ptr<void> keepalive);
   WorkPtr barrier(bool blocking = false);
+  // A caller waits for queued work: stop holding allreduces back for fusion
+  // partners (the cycle time) and run what is queued now.
+  void flush();
+  WorkPtr reduce_scatter(const ReduceScatterArgs& args, std::shared_ptr<void> keepalive, bool blocking = false);
+  WorkPtr alltoall(const AlltoallArgs& args, std::shared_ptr<void> keepalive, bool blocking = false);
 
   // Counters for tests, benchmarks and stall reports.
   struct Stats {
@@ -164,6 +203,7 @@ class Engine {
   std::deque<Op> queue_;
   bool stopping_ = false;
   bool busy_ = false;  // an operation is running (on the worker or inline on a caller)
+  bool flush_ = false;  // flush(): skip the rest of the fusion cycle
   Stats stats_;
   std::string last_op_ = "none yet";  // for stall reports
   std::chrono::steady_clock::time_point idle_since_ = std::chrono::steady_clock::now();

@@ -7,8 +7,9 @@ namespace comm {
 namespace {
 
 bool g_ready = false;
+int g_users = 0;  // engines using the types (one per process group)
 MPI_Datatype g_f16 = MPI_DATATYPE_NULL, g_bf16 = MPI_DATATYPE_NULL;
-MPI_Op g_half_ops[2][3];  // [f16, bf16][sum, min, max]
+MPI_Op g_half_ops[2][4];  // [f16, bf16][sum, min, max, prod]
 
 template <int Half, int Op>
 void half_op(void* in, void* inout, int* len, MPI_Datatype*) {
@@ -21,6 +22,7 @@ void create_half_ops() {
   PYCOMM_MPI_CHECK(MPI_Op_create(&half_op<Half, 0>, 1, &g_half_ops[Half][0]));
   PYCOMM_MPI_CHECK(MPI_Op_create(&half_op<Half, 1>, 1, &g_half_ops[Half][1]));
   PYCOMM_MPI_CHECK(MPI_Op_create(&half_op<Half, 2>, 1, &g_half_ops[Half][2]));
+  PYCOMM_MPI_CHECK(MPI_Op_create(&half_op<Half, 3>, 1, &g_half_ops[Half][3]));
 }
 
 // MPI_MIN/MAX on floats may drop a NaN (the result depends on which rank
@@ -37,6 +39,7 @@ void nan_op(void* in, void* inout, int* len, MPI_Datatype*) {
 }  // namespace
 
 void mpi_types_init() {
+  ++g_users;
   if (g_ready) return;
   PYCOMM_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &g_f16));
   PYCOMM_MPI_CHECK(MPI_Type_commit(&g_f16));
@@ -52,6 +55,7 @@ void mpi_types_init() {
 }
 
 void mpi_types_finalize() {
+  if (g_users > 0 && --g_users > 0) return;
   if (!g_ready) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -87,6 +91,7 @@ MPI_Op mpi_op(DType dtype, ReduceOp op) {
     case ReduceOp::SUM: return MPI_SUM;
     case ReduceOp::MIN: return MPI_MIN;
     case ReduceOp::MAX: return MPI_MAX;
+    case ReduceOp::PROD: return MPI_PROD;
   }
   throw CommError("mpi_op: unsupported op");
 }

@@ -17,24 +17,33 @@ constexpr int kRecvWindow = 4;    // receives kept posted ahead of processing
 // (and reduces) at step t is exactly what it sends at step t+1. Chunks are
 // posted and processed in (step, chunk) order on every rank, which lets one
 // tag suffice (MPI does not reorder messages between a pair on one tag).
+//
+// `segments` (reduce-scatter only): the N+1 element offsets of the segments;
+// the pass then stops after the reduce-scatter steps, with segment indices
+// shifted by one so that rank r ends holding the reduced segment r.
 class RingPass {
  public:
-  RingPass(const Buffer& buf, ReduceOp op, MPI_Comm comm, size_t chunk_bytes, MemoryMover* memory)
+  RingPass(const Buffer& buf, ReduceOp op, MPI_Comm comm, size_t chunk_bytes, MemoryMover* memory,
+           const std::vector<size_t>* segments = nullptr)
       : buf_(buf), op_(op), comm_(comm), memory_(memory) {
     PYCOMM_MPI_CHECK(MPI_Comm_rank(comm, &rank_));
     PYCOMM_MPI_CHECK(MPI_Comm_size(comm, &size_));
     esize_ = kernels::dtype_size(buf.dtype);
     chunk_elems_ = std::max<size_t>(1, chunk_bytes / esize_);
+    scatter_only_ = segments != nullptr;
+    if (segments) seg_begin_ = *segments;
+    else
+      for (int j = 0; j <= size_; ++j) seg_begin_.push_back(part_begin(buf.count, size_, j));
     // Chunk table: for segment j, chunks [first_chunk_[j], first_chunk_[j+1]).
     first_chunk_.resize(static_cast<size_t>(size_) + 1, 0);
     for (int j = 0; j < size_; ++j)
-      first_chunk_[j + 1] = first_chunk_[j] + (part_size(buf.count, size_, j) + chunk_elems_ - 1) / chunk_elems_;
+      first_chunk_[j + 1] = first_chunk_[j] + (seg_begin_[j + 1] - seg_begin_[j] + chunk_elems_ - 1) / chunk_elems_;
     send_req_.assign(first_chunk_.back(), MPI_REQUEST_NULL);
     dtype_ = MPI_BYTE;
   }
 
   void run() {
-    const int steps = 2 * (size_ - 1);
+    const int steps = scatter_only_ ? size_ - 1 : 2 * (size_ - 1);
     left_ = (rank_ - 1 + size_) % size_;
     right_ = (rank_ + 1) % size_;
     const size_t slot_bytes = static_cast<size_t>(kRecvWindow) * chunk_elems_ * esize_;
@@ -74,13 +83,14 @@ class RingPass {
   }
 
  private:
-  int send_seg(int t) const { return ((rank_ - t) % size_ + size_) % size_; }
-  int recv_seg(int t) const { return ((rank_ - t - 1) % size_ + size_) % size_; }
+  int send_seg(int t) const { return ((rank_ - t - shift()) % size_ + size_) % size_; }
+  int recv_seg(int t) const { return ((rank_ - t - 1 - shift()) % size_ + size_) % size_; }
+  int shift() const { return scatter_only_ ? 1 : 0; }
   size_t chunks_of(int seg) const { return first_chunk_[seg + 1] - first_chunk_[seg]; }
   char* slot(size_t s) { return (memory_ ? device_slots_ : host_slots_.data()) + s * chunk_elems_ * esize_; }
 
   void chunk_range(int seg, size_t c, size_t* begin, size_t* len) const {
-    size_t seg_begin = part_begin(buf_.count, size_, seg), seg_len = part_size(buf_.count, size_, seg);
+    size_t seg_begin = seg_begin_[seg], seg_len = seg_begin_[seg + 1] - seg_begin_[seg];
     *begin = seg_begin + c * chunk_elems_;
     *len = std::min(chunk_elems_, seg_len - c * chunk_elems_);
   }
@@ -122,6 +132,8 @@ class RingPass {
   int rank_ = 0, size_ = 1, left_ = 0, right_ = 0;
   size_t esize_ = 4, chunk_elems_ = 1;
   std::vector<size_t> first_chunk_;
+  std::vector<size_t> seg_begin_;
+  bool scatter_only_ = false;
   std::vector<MPI_Request> send_req_;
   MemoryMover* memory_;
   std::vector<char> host_slots_;
@@ -141,6 +153,16 @@ void ring_allreduce(const Buffer& buf, ReduceOp op, MPI_Comm comm, size_t chunk_
   if (size == 1 || buf.count == 0) return;
   if (buf.device != Device::CPU && !memory) throw CommError("ring_allreduce: device memory needs its MemoryMover");
   RingPass(buf, op, comm, chunk_bytes, memory).run();
+}
+
+void ring_reduce_scatter_inplace(const Buffer& buf, const std::vector<size_t>& segments, ReduceOp op, MPI_Comm comm,
+                                 size_t chunk_bytes) {
+  int size = 1;
+  PYCOMM_MPI_CHECK(MPI_Comm_size(comm, &size));
+  if (segments.size() != static_cast<size_t>(size) + 1 || segments.back() != buf.count)
+    throw CommError("ring_reduce_scatter: segment table does not match the communicator or the buffer");
+  if (size == 1 || buf.count == 0) return;
+  RingPass(buf, op, comm, chunk_bytes, nullptr, &segments).run();
 }
 
 }  // namespace comm

@@ -10,7 +10,7 @@ namespace pycomm {
 namespace kernels {
 
 enum class DType : int32_t { F32 = 0, F64 = 1, F16 = 2, BF16 = 3, I32 = 4, I64 = 5 };
-enum class ReduceOp : int32_t { SUM = 0, MIN = 1, MAX = 2 };
+enum class ReduceOp : int32_t { SUM = 0, MIN = 1, MAX = 2, PROD = 3 };
 
 inline size_t dtype_size(DType t) {
   switch (t) {
@@ -41,6 +41,7 @@ inline const char* reduce_op_name(ReduceOp op) {
     case ReduceOp::SUM: return "sum";
     case ReduceOp::MIN: return "min";
     case ReduceOp::MAX: return "max";
+    case ReduceOp::PROD: return "prod";
   }
   return "unknown";
 }

@@ -16,6 +16,7 @@ namespace {
 struct Sum { template <class T> static T apply(T a, T b) { return a + b; } };
 struct Min { template <class T> static T apply(T a, T b) { return b < a ? b : a; } };
 struct Max { template <class T> static T apply(T a, T b) { return b > a ? b : a; } };
+struct Prod { template <class T> static T apply(T a, T b) { return a * b; } };
 
 // NaN handling for min/max follows numpy's minimum/maximum: NaN wins.
 struct MinNaN { template <class T> static T apply(T a, T b) { return (a != a || b != b) ? a + b : (b < a ? b : a); } };
@@ -47,6 +48,10 @@ PYCOMM_CPU_CLONES void reduce_bf16(uint16_t* __restrict dst, const uint16_t* __r
 struct VSum {
   PYCOMM_INL_AVX512 static __m512 apply(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
   PYCOMM_INL_AVX2 static __m256 apply(__m256 a, __m256 b) { return _mm256_add_ps(a, b); }
+};
+struct VProd {
+  PYCOMM_INL_AVX512 static __m512 apply(__m512 a, __m512 b) { return _mm512_mul_ps(a, b); }
+  PYCOMM_INL_AVX2 static __m256 apply(__m256 a, __m256 b) { return _mm256_mul_ps(a, b); }
 };
 template <bool MIN>
 struct VMinMax {
@@ -96,6 +101,7 @@ template <class OpF> struct VecOf;
 template <> struct VecOf<Sum> { using type = VSum; };
 template <> struct VecOf<MinNaN> { using type = VMinMax<true>; };
 template <> struct VecOf<MaxNaN> { using type = VMinMax<false>; };
+template <> struct VecOf<Prod> { using type = VProd; };
 #endif  // PYCOMM_X86
 
 // fp16/bf16: the hand-written variant chosen by cpu_isa(), threads over ranges.
@@ -143,6 +149,7 @@ void reduce_cpu(void* dst, const void* src, size_t count, DType dtype, ReduceOp 
     case ReduceOp::SUM: return reduce_typed<Sum, Sum>(dst, src, count, dtype);
     case ReduceOp::MIN: return reduce_typed<Min, MinNaN>(dst, src, count, dtype);
     case ReduceOp::MAX: return reduce_typed<Max, MaxNaN>(dst, src, count, dtype);
+    case ReduceOp::PROD: return reduce_typed<Prod, Prod>(dst, src, count, dtype);
   }
   throw std::invalid_argument("reduce_cpu: unsupported op");
 }

@@ -31,6 +31,7 @@ struct BF16 {
 };
 
 struct Sum { template <class T> __device__ static T apply(T a, T b) { return a + b; } };
+struct Prod { template <class T> __device__ static T apply(T a, T b) { return a * b; } };
 struct Min {
   template <class T> __device__ static T apply(T a, T b) {
     if constexpr (std::is_floating_point<T>::value) {
@@ -128,6 +129,7 @@ void reduce_cuda(void* dst, const void* src, size_t count, DType dtype, ReduceOp
     case ReduceOp::SUM: return reduce_typed<Sum>(dst, src, count, dtype, stream);
     case ReduceOp::MIN: return reduce_typed<Min>(dst, src, count, dtype, stream);
     case ReduceOp::MAX: return reduce_typed<Max>(dst, src, count, dtype, stream);
+    case ReduceOp::PROD: return reduce_typed<Prod>(dst, src, count, dtype, stream);
   }
   throw std::invalid_argument("reduce_cuda: unsupported op");
 }

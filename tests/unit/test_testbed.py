@@ -8,6 +8,7 @@ import pytest
 
 from pycomm import testbed
 from pycomm.testbed import BedSpec
+from pycomm.testbed.cli import _drop_options as drop_options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -149,7 +150,7 @@ def test_shape_and_option_dropping():
         with pytest.raises(ValueError, match="HOSTSxRANKS_PER_HOST"):
             testbed.parse_shape(bad)
     argv = ["bench.py", "--testbed", "2x2", "--size", "64M", "--link-gbps=1", "--json", "o.json"]
-    assert testbed._drop_options(argv, ("--testbed", "--link-gbps")) == ["bench.py", "--size", "64M", "--json",
+    assert drop_options(argv, ("--testbed", "--link-gbps")) == ["bench.py", "--size", "64M", "--json",
                                                                          "o.json"]
 
 

@@ -1,0 +1,590 @@
+#include "process_group_pycomm.h"
+
+#include <climits>
+#include <cstring>
+#include <mutex>
+
+#include "../bindings/bindings.h"
+#include "../comm/engine.h"
+#include "../comm/mpi_types.h"
+#ifdef PYCOMM_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace pycomm {
+namespace c10d_backend {
+namespace {
+
+using c10d::OpType;
+using WorkRef = c10::intrusive_ptr<c10d::Work>;
+using FutureRef = c10::intrusive_ptr<c10::ivalue::Future>;
+
+// ---------------------------------------------------------------- checks
+
+comm::DType dtype_of(const at::Tensor& t, const char* op) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return comm::DType::F32;
+    case at::kDouble: return comm::DType::F64;
+    case at::kHalf: return comm::DType::F16;
+    case at::kBFloat16: return comm::DType::BF16;
+    case at::kInt: return comm::DType::I32;
+    case at::kLong: return comm::DType::I64;
+    default:
+      TORCH_CHECK_TYPE(false, "pycomm backend: ", op, " does not support dtype ", t.scalar_type(),
+                       "; supported: float32, float64, float16, bfloat16, int32, int64");
+  }
+}
+
+// Describe a tensor for the engine after checking it.
+comm::Buffer buffer_of(const at::Tensor& t, const char* op) {
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, "pycomm backend: ", op, " supports dense tensors only, got layout ",
+                    t.layout());
+  TORCH_CHECK_VALUE(t.is_contiguous(), "pycomm backend: ", op, " needs contiguous tensors (strides ", t.strides(),
+                    "); pass tensor.contiguous()");
+  comm::Buffer b;
+  b.dtype = dtype_of(t, op);
+  b.data = t.data_ptr();
+  b.count = static_cast<size_t>(t.numel());
+  if (t.is_cuda()) {
+#ifndef PYCOMM_WITH_CUDA
+    TORCH_CHECK_VALUE(false, "pycomm backend: ", op, ": tensor is on ", t.device(),
+                      " but this pycomm was built without CUDA");
+#endif
+    b.device = comm::Device::CUDA;
+    b.device_index = t.get_device();
+  } else {
+    TORCH_CHECK_VALUE(t.is_cpu(), "pycomm backend: ", op, ": tensors on ", t.device(), " are not supported");
+  }
+  return b;
+}
+
+const at::Tensor& single(std::vector<at::Tensor>& tensors, const char* op) {
+  TORCH_CHECK_VALUE(tensors.size() == 1, "pycomm backend: ", op, " takes one tensor per process, got ",
+                    tensors.size());
+  return tensors[0];
+}
+
+struct OpChoice {
+  comm::ReduceOp op;
+  bool average;
+};
+
+OpChoice reduce_op(const c10d::ReduceOp& r, const at::Tensor& t, const char* op) {
+  switch (r.op_) {
+    case c10d::ReduceOp::SUM: return {comm::ReduceOp::SUM, false};
+    case c10d::ReduceOp::AVG:
+      TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()), "pycomm backend: ", op,
+                       " with ReduceOp.AVG needs a floating-point tensor, got ", t.scalar_type());
+      return {comm::ReduceOp::SUM, true};
+    case c10d::ReduceOp::PRODUCT: return {comm::ReduceOp::PROD, false};
+    case c10d::ReduceOp::MIN: return {comm::ReduceOp::MIN, false};
+    case c10d::ReduceOp::MAX: return {comm::ReduceOp::MAX, false};
+    default: break;
+  }
+  static const char* names[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM", "UNUSED"};
+  const int i = static_cast<int>(r.op_);
+  TORCH_CHECK_VALUE(false, "pycomm backend: ", op, " does not support ReduceOp.", (i >= 0 && i <= 9 ? names[i] : "?"),
+                    "; supported: SUM, AVG, PRODUCT, MIN, MAX");
+}
+
+int checked_count(size_t bytes, const char* op) {
+  TORCH_CHECK_VALUE(bytes <= static_cast<size_t>(INT_MAX), "pycomm backend: ", op,
+                    " moves at most 2 GiB per rank in one call, got ", bytes, " bytes");
+  return static_cast<int>(bytes);
+}
+
+// The engine reads device tensors from its own streams: let the work queued on
+// torch's current stream (which produced them) finish first.
+std::shared_ptr<void> keep(const std::vector<at::Tensor>& tensors) {
+#ifdef PYCOMM_WITH_CUDA
+  for (const auto& t : tensors)
+    if (t.is_cuda()) c10::cuda::getCurrentCUDAStream(t.get_device()).synchronize();
+#endif
+  return std::make_shared<std::vector<at::Tensor>>(tensors);
+}
+
+comm::Signature signature(comm::Collective kind, const at::Tensor& t, const char* op) {
+  comm::Signature s;
+  s.kind = static_cast<int32_t>(kind);
+  s.dtype = static_cast<int32_t>(dtype_of(t, op));
+  s.numel = t.numel();
+  s.ndim = static_cast<int32_t>(t.dim());
+  for (int64_t i = 0; i < t.dim() && i < comm::Signature::kMaxDims; ++i) s.dims[i] = t.size(i);
+  return s;
+}
+
+// A host copy of `t` for code that hands memory to MPI itself (device tensors only).
+at::Tensor host_view(const at::Tensor& t) { return t.is_cuda() ? t.to(at::kCPU) : t; }
+
+// ---------------------------------------------------------------- work
+
+// A collective in flight: its future is completed on the engine thread once
+// the operation (and any copy into the caller's outputs) is done.
+class PycommWork : public c10d::Work {
+ public:
+  PycommWork(int rank, OpType type, std::vector<at::Tensor> outputs, FutureRef future, int64_t group)
+      : c10d::Work(rank, type), outputs_(std::move(outputs)), future_(std::move(future)), group_(group) {}
+
+  bool isCompleted() override { return future_->completed(); }
+  bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
+  std::exception_ptr exception() const override { return future_->exception_ptr(); }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  FutureRef getFuture() override { return future_; }
+
+  // No per-call timeout: the engine's stall watchdog (PYCOMM_STALL_WARNING_S /
+  // PYCOMM_STALL_ABORT_S) reports and ends operations that wait too long.
+  bool wait(std::chrono::milliseconds /*timeout*/) override {
+    if (!future_->completed()) {
+      try {
+        bindings::engine_of(group_).flush();  // someone waits: do not hold it back for fusion
+      } catch (const comm::CommError&) {
+      }
+    }
+    future_->wait();
+    if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+    return true;
+  }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  FutureRef future_;
+  int64_t group_;
+};
+
+FutureRef make_future(const std::vector<at::Tensor>& outputs) {
+  std::vector<c10::Device> devices;
+  for (const auto& t : outputs)
+    if (t.is_cuda() && std::find(devices.begin(), devices.end(), t.device()) == devices.end())
+      devices.push_back(t.device());
+  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
+}
+
+// Wrap engine work: `post` (copies into the outputs) runs on the engine thread
+// after the operation, then the future completes with `outputs` or the error.
+WorkRef complete(int rank, OpType type, int64_t group, const comm::WorkPtr& work, std::vector<at::Tensor> outputs,
+                 std::function<void()> post = {}) {
+  FutureRef future = make_future(outputs);
+  work->then([future, outputs, post](std::exception_ptr error) {
+    if (!error && post) {
+      try {
+        post();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    if (error) future->setError(error);
+    else future->markCompleted(c10::IValue(outputs));
+  });
+  return c10::make_intrusive<PycommWork>(rank, type, std::move(outputs), std::move(future), group);
+}
+
+// Point-to-point: an MPI request on the backend's own communicator.
+class P2PWork : public c10d::Work {
+ public:
+  P2PWork(int rank, OpType type, at::Tensor tensor, at::Tensor host, bool copy_back)
+      : c10d::Work(rank, type), tensor_(std::move(tensor)), host_(std::move(host)), copy_back_(copy_back) {}
+  MPI_Request* request() { return &request_; }
+
+  bool isCompleted() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_) {
+      int flag = 0;
+      PYCOMM_MPI_CHECK(MPI_Test(&request_, &flag, &status_));
+      if (flag) finish();
+    }
+    return done_;
+  }
+  bool isSuccess() const override { return done_; }
+  bool wait(std::chrono::milliseconds /*timeout*/) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_) {
+      PYCOMM_MPI_CHECK(MPI_Wait(&request_, &status_));
+      finish();
+    }
+    return true;
+  }
+  int sourceRank() const override { return source_; }
+  std::vector<at::Tensor> result() override { return {tensor_}; }
+
+ private:
+  void finish() {
+    done_ = true;
+    source_ = status_.MPI_SOURCE;
+    if (copy_back_) tensor_.copy_(host_);
+  }
+
+  std::mutex mu_;
+  at::Tensor tensor_, host_;
+  bool copy_back_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  MPI_Status status_{};
+  bool done_ = false;
+  int source_ = -1;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------- collectives
+
+ProcessGroupPycomm::ProcessGroupPycomm(int rank, int size, int64_t group, MPI_Comm p2p)
+    : c10d::Backend(rank, size), group_(group), p2p_(p2p) {}
+
+WorkRef ProcessGroupPycomm::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  const at::Tensor& t = single(tensors, "allreduce");
+  comm::AllreduceArgs a;
+  a.input = a.output = buffer_of(t, "allreduce");
+  OpChoice choice = reduce_op(opts.reduceOp, t, "allreduce");
+  a.op = choice.op;
+  a.average = choice.average;
+  a.algorithm = comm::Algorithm::AUTO;
+  auto work = bindings::engine_of(group_).allreduce(a, keep({t}), false);
+  return complete(rank_, OpType::ALLREDUCE, group_, work, {t});
+}
+
+WorkRef ProcessGroupPycomm::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  const at::Tensor& t = single(tensors, "broadcast");
+  TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < size_, "pycomm backend: broadcast root ", opts.rootRank,
+                    " is not a rank of this group (0..", size_ - 1, ")");
+  auto work = bindings::engine_of(group_).broadcast(buffer_of(t, "broadcast"), static_cast<int>(opts.rootRank), "",
+                                                    keep({t}), false);
+  return complete(rank_, OpType::BROADCAST, group_, work, {t});
+}
+
+WorkRef ProcessGroupPycomm::_allgather_base(at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions&) {
+  comm::Buffer in = buffer_of(input, "all_gather_into_tensor");
+  buffer_of(output, "all_gather_into_tensor");
+  TORCH_CHECK_VALUE(output.numel() == input.numel() * size_ && output.scalar_type() == input.scalar_type() &&
+                        output.device() == input.device(),
+                    "pycomm backend: all_gather_into_tensor needs an output of world_size x the input's elements (",
+                    input.numel() * size_, " ", input.scalar_type(), " on ", input.device(), "), got ",
+                    output.numel(), " ", output.scalar_type(), " on ", output.device());
+  void* out = output.data_ptr();
+  const int n = size_;
+  auto work = bindings::engine_of(group_).allgather(
+      in, 1, {input.numel()},
+      [out, n](size_t rows) -> void* {
+        if (rows != static_cast<size_t>(n)) throw comm::CommError("all_gather_into_tensor: unexpected row count");
+        return out;
+      },
+      "", keep({input, output}));
+  return complete(rank_, OpType::_ALLGATHER_BASE, group_, work, {output});
+}
+
+WorkRef ProcessGroupPycomm::allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                     const c10d::AllgatherOptions& opts) {
+  const at::Tensor& input = single(inputs, "all_gather");
+  TORCH_CHECK_VALUE(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(size_),
+                    "pycomm backend: all_gather needs one list of world_size (", size_, ") output tensors");
+  for (const auto& o : outputs[0])
+    TORCH_CHECK_VALUE(o.numel() == input.numel() && o.scalar_type() == input.scalar_type(),
+                      "pycomm backend: all_gather outputs must have the input's size and dtype (", input.numel(), " ",
+                      input.scalar_type(), "), got ", o.numel(), " ", o.scalar_type());
+  at::Tensor flat = at::empty({size_ * input.numel()}, input.options());
+  at::Tensor in = input.contiguous();
+  std::vector<at::Tensor> outs = outputs[0];
+  auto work = _allgather_base(flat, in, opts);
+  // Copy the pieces out on the engine thread, before the future completes.
+  auto inner = c10::static_intrusive_pointer_cast<PycommWork>(work);
+  FutureRef future = make_future(outs);
+  const int64_t numel = input.numel();
+  inner->getFuture()->addCallback([future, outs, flat, numel](c10::ivalue::Future& f) {
+    if (f.hasError()) return future->setError(f.exception_ptr());
+    try {
+      for (size_t i = 0; i < outs.size(); ++i)
+        outs[i].copy_(flat.narrow(0, static_cast<int64_t>(i) * numel, numel).view(outs[i].sizes()));
+    } catch (...) {
+      return future->setError(std::current_exception());
+    }
+    future->markCompleted(c10::IValue(outs));
+  });
+  std::vector<at::Tensor> result = outs;
+  return c10::make_intrusive<PycommWork>(rank_, OpType::ALLGATHER, std::move(result), future, group_);
+}
+
+WorkRef ProcessGroupPycomm::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::ReduceScatterOptions& opts) {
+  comm::ReduceScatterArgs a;
+  a.input = buffer_of(input, "reduce_scatter_tensor");
+  a.output = buffer_of(output, "reduce_scatter_tensor");
+  TORCH_CHECK_VALUE(input.numel() == output.numel() * size_ && output.scalar_type() == input.scalar_type() &&
+                        output.device() == input.device(),
+                    "pycomm backend: reduce_scatter_tensor needs an input of world_size x the output's elements (",
+                    output.numel() * size_, " ", output.scalar_type(), " on ", output.device(), "), got ",
+                    input.numel(), " ", input.scalar_type(), " on ", input.device());
+  for (int j = 0; j <= size_; ++j) a.segments.push_back(static_cast<size_t>(j * output.numel()));
+  a.shape.assign(input.sizes().begin(), input.sizes().end());
+  OpChoice choice = reduce_op(opts.reduceOp, input, "reduce_scatter");
+  a.op = choice.op;
+  a.average = choice.average;
+  auto work = bindings::engine_of(group_).reduce_scatter(a, keep({input, output}), false);
+  return complete(rank_, OpType::_REDUCE_SCATTER_BASE, group_, work, {output});
+}
+
+WorkRef ProcessGroupPycomm::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                          std::vector<std::vector<at::Tensor>>& inputs,
+                                          const c10d::ReduceScatterOptions& opts) {
+  const at::Tensor& output = single(outputs, "reduce_scatter");
+  TORCH_CHECK_VALUE(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(size_),
+                    "pycomm backend: reduce_scatter needs one list of world_size (", size_, ") input tensors");
+  std::vector<at::Tensor> flat_inputs;
+  for (const auto& t : inputs[0]) {
+    TORCH_CHECK_VALUE(t.numel() == output.numel() && t.scalar_type() == output.scalar_type(),
+                      "pycomm backend: reduce_scatter inputs must have the output's size and dtype (", output.numel(),
+                      " ", output.scalar_type(), "), got ", t.numel(), " ", t.scalar_type());
+    flat_inputs.push_back(t.reshape({-1}));
+  }
+  at::Tensor flat = at::cat(flat_inputs);
+  at::Tensor out = output.is_contiguous() ? output : at::empty_like(output, at::MemoryFormat::Contiguous);
+  auto work = _reduce_scatter_base(out, flat, opts);
+  if (out.is_same(output)) return work;
+  at::Tensor dst = output;
+  work->wait();
+  dst.copy_(out);
+  return work;
+}
+
+WorkRef ProcessGroupPycomm::alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
+                                         std::vector<int64_t>& input_splits, const c10d::AllToAllOptions&) {
+  comm::AlltoallArgs a;
+  a.input = buffer_of(input, "all_to_all_single");
+  comm::Buffer out = buffer_of(output, "all_to_all_single");
+  TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type() && output.device() == input.device(),
+                    "pycomm backend: all_to_all_single output must have the input's dtype and device");
+  TORCH_CHECK_VALUE(input.dim() >= 1 && output.dim() >= 1, "pycomm backend: all_to_all_single needs tensors with at "
+                    "least one dimension");
+  const int64_t row = input.numel() / std::max<int64_t>(input.size(0), 1);
+  const int64_t out_row = output.numel() / std::max<int64_t>(output.size(0), 1);
+  TORCH_CHECK_VALUE(input.size(0) == 0 || output.size(0) == 0 || row == out_row,
+                    "pycomm backend: all_to_all_single input and output rows differ in size (", row, " vs ", out_row,
+                    " elements)");
+  auto splits = [&](std::vector<int64_t>& given, const at::Tensor& t, const char* which) {
+    std::vector<size_t> rows;
+    if (given.empty()) {
+      TORCH_CHECK_VALUE(t.size(0) % size_ == 0, "pycomm backend: all_to_all_single without ", which,
+                        "_split_sizes needs a first dimension divisible by the group size (", size_, "), got ",
+                        t.size(0));
+      rows.assign(static_cast<size_t>(size_), static_cast<size_t>(t.size(0) / size_));
+      return rows;
+    }
+    TORCH_CHECK_VALUE(given.size() == static_cast<size_t>(size_), "pycomm backend: all_to_all_single ", which,
+                      "_split_sizes needs ", size_, " entries, got ", given.size());
+    int64_t total = 0;
+    for (int64_t s : given) {
+      TORCH_CHECK_VALUE(s >= 0, "pycomm backend: all_to_all_single ", which, "_split_sizes has a negative entry");
+      total += s;
+      rows.push_back(static_cast<size_t>(s));
+    }
+    TORCH_CHECK_VALUE(total == t.size(0), "pycomm backend: all_to_all_single ", which, "_split_sizes add up to ",
+                      total, " but the ", which, " has ", t.size(0), " rows");
+    return rows;
+  };
+  a.send_rows = splits(input_splits, input, "input");
+  a.recv_rows = splits(output_splits, output, "output");
+  a.row_elems = static_cast<size_t>(row);
+  a.row_shape.assign(input.sizes().begin() + 1, input.sizes().end());
+  a.output = out.data;
+  auto work = bindings::engine_of(group_).alltoall(a, keep({input, output}), false);
+  return complete(rank_, OpType::ALLTOALL_BASE, group_, work, {output});
+}
+
+WorkRef ProcessGroupPycomm::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                    const c10d::AllToAllOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == static_cast<size_t>(size_) && inputs.size() == static_cast<size_t>(size_),
+                    "pycomm backend: all_to_all needs world_size (", size_, ") input and output tensors");
+  std::vector<at::Tensor> flat_in;
+  std::vector<int64_t> in_splits, out_splits;
+  int64_t out_total = 0;
+  for (const auto& t : inputs) {
+    flat_in.push_back(t.reshape({-1}));
+    in_splits.push_back(t.numel());
+  }
+  for (const auto& t : outputs) {
+    TORCH_CHECK_VALUE(t.scalar_type() == inputs[0].scalar_type(), "pycomm backend: all_to_all tensors must share a "
+                      "dtype");
+    out_splits.push_back(t.numel());
+    out_total += t.numel();
+  }
+  at::Tensor in = at::cat(flat_in);
+  at::Tensor out = at::empty({out_total}, in.options());
+  auto work = alltoall_base(out, in, out_splits, in_splits, opts);
+  auto inner = c10::static_intrusive_pointer_cast<PycommWork>(work);
+  FutureRef future = make_future(outputs);
+  std::vector<at::Tensor> outs = outputs;
+  inner->getFuture()->addCallback([future, outs, out, out_splits](c10::ivalue::Future& f) {
+    if (f.hasError()) return future->setError(f.exception_ptr());
+    try {
+      int64_t offset = 0;
+      for (size_t i = 0; i < outs.size(); ++i) {
+        outs[i].copy_(out.narrow(0, offset, out_splits[i]).view(outs[i].sizes()));
+        offset += out_splits[i];
+      }
+    } catch (...) {
+      return future->setError(std::current_exception());
+    }
+    future->markCompleted(c10::IValue(outs));
+  });
+  return c10::make_intrusive<PycommWork>(rank_, OpType::ALLTOALL, outs, future, group_);
+}
+
+WorkRef ProcessGroupPycomm::barrier(const c10d::BarrierOptions&) {
+  auto work = bindings::engine_of(group_).barrier(false);
+  return complete(rank_, OpType::BARRIER, group_, work, {});
+}
+
+WorkRef ProcessGroupPycomm::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  const at::Tensor& t = single(tensors, "reduce");
+  comm::Buffer b = buffer_of(t, "reduce");
+  TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < size_, "pycomm backend: reduce root ", opts.rootRank,
+                    " is not a rank of this group (0..", size_ - 1, ")");
+  OpChoice choice = reduce_op(opts.reduceOp, t, "reduce");
+  comm::Signature sig = signature(comm::Collective::REDUCE, t, "reduce");
+  sig.op = static_cast<int32_t>(choice.op);
+  sig.extra = choice.average ? 1 : 0;
+  sig.root = static_cast<int32_t>(opts.rootRank);
+  comm::Engine& engine = bindings::engine_of(group_);
+  const int count = checked_count(b.count, "reduce");
+  const int root = static_cast<int>(opts.rootRank), me = rank_, n = size_;
+  MPI_Comm world = engine.topology().world;
+  at::Tensor tensor = t;
+  auto work = engine.submit_custom(sig, "reduce", keep({t}), [=]() mutable {
+    // MPI_Reduce through MPI's (or pycomm's fp16/bf16) ops; device data via a host copy.
+    at::Tensor h = host_view(tensor);
+    const comm::DType dt = b.dtype;
+    if (me == root) PYCOMM_MPI_CHECK(MPI_Reduce(MPI_IN_PLACE, h.data_ptr(), count, comm::mpi_datatype(dt),
+                                                comm::mpi_op(dt, choice.op), root, world));
+    else PYCOMM_MPI_CHECK(MPI_Reduce(h.data_ptr(), nullptr, count, comm::mpi_datatype(dt), comm::mpi_op(dt, choice.op),
+                                     root, world));
+    if (me == root) {
+      if (choice.average) h.div_(n);
+      if (!h.is_same(tensor)) tensor.copy_(h);
+    }
+  }, false);
+  return complete(rank_, OpType::REDUCE, group_, work, {t});
+}
+
+WorkRef ProcessGroupPycomm::gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                  const c10d::GatherOptions& opts) {
+  const at::Tensor& input = single(inputs, "gather");
+  buffer_of(input, "gather");
+  TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < size_, "pycomm backend: gather root ", opts.rootRank,
+                    " is not a rank of this group (0..", size_ - 1, ")");
+  const int root = static_cast<int>(opts.rootRank);
+  std::vector<at::Tensor> outs;
+  if (rank_ == root) {
+    TORCH_CHECK_VALUE(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(size_),
+                      "pycomm backend: gather needs one list of world_size (", size_, ") tensors on the root");
+    for (const auto& o : outputs[0])
+      TORCH_CHECK_VALUE(o.numel() == input.numel() && o.scalar_type() == input.scalar_type(),
+                        "pycomm backend: gather outputs must have the input's size and dtype");
+    outs = outputs[0];
+  } else {
+    TORCH_CHECK_VALUE(outputs.empty() || outputs[0].empty(), "pycomm backend: gather takes outputs on the root only");
+  }
+  comm::Signature sig = signature(comm::Collective::GATHER, input, "gather");
+  sig.root = root;
+  comm::Engine& engine = bindings::engine_of(group_);
+  const size_t bytes = static_cast<size_t>(input.numel()) * input.element_size();
+  const int count = checked_count(bytes, "gather");
+  checked_count(bytes * static_cast<size_t>(size_), "gather");
+  const int me = rank_, n = size_;
+  MPI_Comm world = engine.topology().world;
+  at::Tensor in = input;
+  auto work = engine.submit_custom(sig, "gather", keep({input}), [=]() {
+    at::Tensor h = host_view(in);
+    if (me != root) {
+      PYCOMM_MPI_CHECK(MPI_Gather(h.data_ptr(), count, MPI_BYTE, nullptr, count, MPI_BYTE, root, world));
+      return;
+    }
+    at::Tensor all = at::empty({static_cast<int64_t>(n) * in.numel()}, h.options());
+    PYCOMM_MPI_CHECK(MPI_Gather(h.data_ptr(), count, MPI_BYTE, all.data_ptr(), count, MPI_BYTE, root, world));
+    for (int i = 0; i < n; ++i) outs[i].copy_(all.narrow(0, i * in.numel(), in.numel()).view(outs[i].sizes()));
+  }, false);
+  return complete(rank_, OpType::GATHER, group_, work, outs);
+}
+
+WorkRef ProcessGroupPycomm::scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                   const c10d::ScatterOptions& opts) {
+  const at::Tensor& output = single(outputs, "scatter");
+  buffer_of(output, "scatter");
+  TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < size_, "pycomm backend: scatter root ", opts.rootRank,
+                    " is not a rank of this group (0..", size_ - 1, ")");
+  const int root = static_cast<int>(opts.rootRank);
+  at::Tensor all;
+  if (rank_ == root) {
+    TORCH_CHECK_VALUE(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(size_),
+                      "pycomm backend: scatter needs one list of world_size (", size_, ") tensors on the root");
+    std::vector<at::Tensor> flat;
+    for (const auto& t : inputs[0]) {
+      TORCH_CHECK_VALUE(t.numel() == output.numel() && t.scalar_type() == output.scalar_type(),
+                        "pycomm backend: scatter inputs must have the output's size and dtype");
+      flat.push_back(t.reshape({-1}).to(at::kCPU));
+    }
+    all = at::cat(flat);
+  } else {
+    TORCH_CHECK_VALUE(inputs.empty() || inputs[0].empty(), "pycomm backend: scatter takes inputs on the root only");
+  }
+  comm::Signature sig = signature(comm::Collective::SCATTER, output, "scatter");
+  sig.root = root;
+  comm::Engine& engine = bindings::engine_of(group_);
+  const size_t bytes = static_cast<size_t>(output.numel()) * output.element_size();
+  const int count = checked_count(bytes, "scatter");
+  checked_count(bytes * static_cast<size_t>(size_), "scatter");
+  MPI_Comm world = engine.topology().world;
+  at::Tensor out = output;
+  auto work = engine.submit_custom(sig, "scatter", keep({output}), [=]() {
+    at::Tensor h = out.is_cuda() ? at::empty(out.sizes(), out.options().device(at::kCPU)) : out;
+    PYCOMM_MPI_CHECK(MPI_Scatter(all.defined() ? all.data_ptr() : nullptr, count, MPI_BYTE, h.data_ptr(), count,
+                                 MPI_BYTE, root, world));
+    if (!h.is_same(out)) out.copy_(h);
+  }, false);
+  return complete(rank_, OpType::SCATTER, group_, work, {output});
+}
+
+// ---------------------------------------------------------------- send / recv
+
+namespace {
+void check_tag(int tag, const char* op) {
+  TORCH_CHECK_VALUE(tag >= 0 && tag <= 32767, "pycomm backend: ", op, " tag must be in 0..32767 (MPI's guaranteed "
+                    "tag range), got ", tag);
+}
+}  // namespace
+
+WorkRef ProcessGroupPycomm::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  const at::Tensor& t = single(tensors, "send");
+  buffer_of(t, "send");
+  check_tag(tag, "send");
+  TORCH_CHECK_VALUE(dst >= 0 && dst < size_ && dst != rank_, "pycomm backend: send to rank ", dst,
+                    ": not another rank of this group (0..", size_ - 1, ")");
+  at::Tensor host = host_view(t);
+  auto work = c10::make_intrusive<P2PWork>(rank_, OpType::SEND, t, host, false);
+  PYCOMM_MPI_CHECK(MPI_Isend(host.data_ptr(), checked_count(host.nbytes(), "send"), MPI_BYTE, dst, tag, p2p_,
+                             work->request()));
+  return work;
+}
+
+WorkRef ProcessGroupPycomm::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  const at::Tensor& t = single(tensors, "recv");
+  buffer_of(t, "recv");
+  check_tag(tag, "recv");
+  TORCH_CHECK_VALUE(src >= 0 && src < size_ && src != rank_, "pycomm backend: recv from rank ", src,
+                    ": not another rank of this group (0..", size_ - 1, ")");
+  at::Tensor host = t.is_cuda() ? at::empty(t.sizes(), t.options().device(at::kCPU)) : t;
+  auto work = c10::make_intrusive<P2PWork>(rank_, OpType::RECV, t, host, t.is_cuda());
+  PYCOMM_MPI_CHECK(MPI_Irecv(host.data_ptr(), checked_count(host.nbytes(), "recv"), MPI_BYTE, src, tag, p2p_,
+                             work->request()));
+  return work;
+}
+
+WorkRef ProcessGroupPycomm::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  const at::Tensor& t = single(tensors, "recv");
+  buffer_of(t, "recv");
+  check_tag(tag, "recv");
+  at::Tensor host = t.is_cuda() ? at::empty(t.sizes(), t.options().device(at::kCPU)) : t;
+  auto work = c10::make_intrusive<P2PWork>(rank_, OpType::RECVANYSOURCE, t, host, t.is_cuda());
+  PYCOMM_MPI_CHECK(MPI_Irecv(host.data_ptr(), checked_count(host.nbytes(), "recv"), MPI_BYTE, MPI_ANY_SOURCE, tag,
+                             p2p_, work->request()));
+  return work;
+}
+
+}  // namespace c10d_backend
+}  // namespace pycomm

@@ -1,0 +1,74 @@
+"""Registration of the "pycomm" torch.distributed backend and its creator.
+
+Each torch process group gets a ``pycomm._C.ProcessGroupPycomm`` (a C++
+``c10d::Backend``). The default group runs on pycomm's world engine (shared
+with pycomm's own API, in one submission order); every other group
+(``dist.new_group``) maps to a ``pycomm.new_group`` with its own engine. torch
+asks for one backend per device type (cpu, cuda); both share the group's
+engine. Point-to-point (send/recv) runs on a communicator of its own per group.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Dict
+
+import torch.distributed as dist
+
+from .. import _C
+from ..groups import ProcessGroup, new_group
+from ..runtime import init, world_comm
+
+BACKEND_NAME = "pycomm"
+
+# torch group name -> (pycomm group id, p2p communicator, pycomm ProcessGroup or None)
+_groups: Dict[str, tuple] = {}
+
+
+def _create(dist_backend_opts, backend_options):
+    """torch's extended creator API: (_DistributedBackendOptions, backend options)."""
+    topo = init()
+    rank, size = dist_backend_opts.group_rank, dist_backend_opts.group_size
+    key = str(dist_backend_opts.group_id)
+    if key not in _groups:
+        if not dist.is_initialized():  # the default group: all ranks, on the world engine
+            if (rank, size) != (topo.rank, topo.size):
+                raise ValueError(
+                    f"pycomm backend: torch says rank {rank} of {size} but MPI says rank {topo.rank} of {topo.size}; "
+                    "launch with pycomm-run/mpirun and leave RANK/WORLD_SIZE unset (or set them to MPI's)")
+            p2p = world_comm().Dup()
+            _groups[key] = (0, p2p, None)
+        else:
+            ranks = list(dist_backend_opts.global_ranks_in_group) or list(range(topo.size))
+            group: ProcessGroup = new_group(ranks)
+            p2p = group.comm().Dup()
+            _groups[key] = (group.id, p2p, group)
+    gid, p2p, _ = _groups[key]
+    return _C.ProcessGroupPycomm(rank, size, gid, p2p.py2f())
+
+
+def register() -> None:
+    """Register backend "pycomm" for cpu and cuda (idempotent)."""
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+def bootstrap_env() -> None:
+    """Provide torch's env:// rendezvous from MPI unless MASTER_ADDR is already set."""
+    if os.environ.get("MASTER_ADDR"):
+        return
+    topo = init()
+    world = world_comm()
+    hosts = world.allgather(socket.gethostname())
+    port = None
+    if topo.rank == 0:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+    addr = "127.0.0.1" if len(set(hosts)) == 1 else socket.getfqdn(hosts[0])
+    port = world.bcast(port, root=0)
+    os.environ["MASTER_ADDR"] = addr
+    os.environ["MASTER_PORT"] = str(port)
+    os.environ.setdefault("RANK", str(topo.rank))
+    os.environ.setdefault("WORLD_SIZE", str(topo.size))

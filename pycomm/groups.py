@@ -1,0 +1,127 @@
+"""Process groups: collectives over a subset of the job's ranks.
+
+``new_group(ranks)`` builds an MPI communicator over ``ranks`` (world ranks;
+group rank i is ``ranks[i]``) and starts a pycomm engine of its own on it:
+its own worker thread, coordinator (agreement check and stall watchdog),
+fusion queue and topology (node-local and cross-node communicators computed
+inside the group, with the world's node assignment, virtual nodes included).
+So operations of different groups never share a queue: like torch's process
+groups, each group orders its own operations, and a rank may have several
+groups' operations in flight at once. The group starts with the world
+engine's options at creation time.
+
+Call ``new_group`` on every rank with the same ranks, in the same order
+relative to other ``new_group`` calls (as with torch.distributed.new_group);
+only members take part in building it. Non-members get a handle with
+``is_member == False`` that every collective refuses.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+from . import _C
+from .runtime import CommError, Topology, mpi, topology, world_comm
+
+_ids = itertools.count(1)
+_live = {}  # id -> communicators of groups this rank belongs to (kept until destroy_group)
+
+
+@dataclass
+class ProcessGroup:
+    """A set of ranks with its own engine. ``rank``/``size`` are within the group."""
+
+    id: int
+    ranks: Tuple[int, ...]  # world ranks, in group-rank order
+    rank: int  # this process's rank in the group, -1 if not a member
+    topology: Optional[Topology] = None
+    _comms: tuple = ()
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def is_member(self) -> bool:
+        return self.rank >= 0
+
+    def comm(self):
+        """The group's mpi4py communicator (private to pycomm), or None on non-members."""
+        return self._comms[0] if self._comms else None
+
+    def __repr__(self) -> str:
+        return f"pycomm.ProcessGroup(id={self.id}, ranks={list(self.ranks)}, rank={self.rank})"
+
+
+def new_group(ranks: Sequence[int]) -> ProcessGroup:
+    """Create a process group of the given world ranks (see the module docstring)."""
+    world_topo = topology()
+    ranks = list(ranks)
+    if not ranks:
+        raise ValueError("pycomm.new_group: ranks is empty; give at least one world rank")
+    for r in ranks:
+        if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < world_topo.size:
+            raise ValueError(f"pycomm.new_group: rank {r!r} is not a rank of this job (0..{world_topo.size - 1})")
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"pycomm.new_group: ranks {ranks} contain duplicates")
+    gid = next(_ids)
+    if world_topo.rank not in ranks:
+        return ProcessGroup(gid, tuple(ranks), -1)
+    MPI = mpi()
+    world = world_comm()
+    comm = world.Create_group(world.group.Incl(ranks), tag=0x7067)
+    comm.Set_name(f"pycomm.group{gid}")
+    control = comm.Dup()
+    # Nodes as the world sees them (shared memory or PYCOMM_RANKS_PER_NODE).
+    local = comm.Split(color=world_topo.node_rank, key=comm.rank)
+    leader = local.bcast(comm.rank, root=0)
+    leaders = comm.allgather(leader)
+    node_ids = sorted(set(leaders))
+    node_rank = node_ids.index(leader)
+    local_sizes = comm.allgather(local.size)
+    cross = comm.Split(color=local.rank, key=node_rank)
+    topo = Topology(rank=comm.rank, size=comm.size, local_rank=local.rank, local_size=local.size,
+                    node_rank=node_rank, num_nodes=len(node_ids), homogeneous=len(set(local_sizes)) == 1,
+                    virtual_nodes=world_topo.virtual_nodes)
+    _C.group_engine_start(gid, comm.py2f(), local.py2f(), cross.py2f(), control.py2f(), topo.rank, topo.size,
+                          topo.local_rank, topo.local_size, topo.node_rank, topo.num_nodes, topo.homogeneous)
+    del MPI
+    _live[gid] = (comm, local, cross, control)
+    return ProcessGroup(gid, tuple(ranks), comm.rank, topo, _live[gid])
+
+
+def destroy_group(group: ProcessGroup) -> None:
+    """Finish the group's queued operations, stop its engine and free its communicators."""
+    if not group.is_member or not group._comms:
+        return
+    _C.group_engine_stop(group.id)
+    _live.pop(group.id, None)
+    MPI = mpi()
+    if not MPI.Is_finalized():
+        for c in reversed(group._comms):
+            c.Free()
+    group._comms = ()
+
+
+def group_id(group: Optional[ProcessGroup], what: str) -> int:
+    """The engine id for `group` (0: the world), checking that this rank belongs to it."""
+    if group is None:
+        return 0
+    if not isinstance(group, ProcessGroup):
+        raise TypeError(f"pycomm.{what}: group must be a pycomm.ProcessGroup from pycomm.new_group, "
+                        f"got {type(group).__name__}")
+    if not group.is_member:
+        raise ValueError(f"pycomm.{what}: rank {topology().rank} is not a member of {group!r}; "
+                         "call collectives of a group on its members only")
+    if not group._comms:
+        raise CommError(f"pycomm.{what}: {group!r} has been destroyed")
+    return group.id
+
+
+def group_size(group: Optional[ProcessGroup]) -> int:
+    return topology().size if group is None else group.size
+
+
+def group_rank(group: Optional[ProcessGroup]) -> int:
+    return topology().rank if group is None else group.rank
