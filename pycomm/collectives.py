@@ -12,52 +12,22 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from . import _C
+from . import _C, _ops
+from ._ops import ALLREDUCE_ALGORITHMS, REDUCE_OPS, SUPPORTED_DTYPES, check_tensor  # noqa: F401 (public names)
+from ._ops import check_op as _check_op
+from ._ops import label as _label
+from .compression import Compressor, resolve
 from .groups import ProcessGroup, group_id, group_rank, group_size
 from .runtime import topology
 
 Handle = _C.Handle
 
-SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
-REDUCE_OPS = ("sum", "avg", "min", "max")
-ALLREDUCE_ALGORITHMS = ("auto", "ring", "mpi", "shm", "hierarchical", "hierarchical_master")
 COMPRESSIONS = ("none", "fp16", "bf16", "onebit")  # pycomm/compression.py; more via compression.register()
-
-
-def _label(name: Optional[str]) -> str:
-    return f" '{name}'" if name else ""
-
-
-def check_tensor(tensor, what: str, name: Optional[str] = None) -> None:
-    """Raise TypeError/ValueError unless `tensor` is something the engine can move."""
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"pycomm.{what}: expected a torch.Tensor{_label(name)}, got {type(tensor).__name__}")
-    if tensor.dtype not in SUPPORTED_DTYPES:
-        supported = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
-        raise TypeError(f"pycomm.{what}: tensor{_label(name)} has unsupported dtype "
-                        f"{str(tensor.dtype).replace('torch.', '')}; supported: {supported}")
-    if tensor.device.type == "cuda":
-        if not _C.cuda_built:
-            raise ValueError(f"pycomm.{what}: tensor{_label(name)} is on {tensor.device} but this pycomm was built "
-                             "without CUDA; reinstall with a CUDA build of torch (PYCOMM_CUDA=1)")
-    elif tensor.device.type != "cpu":
-        raise ValueError(f"pycomm.{what}: tensor{_label(name)} is on {tensor.device}; pycomm handles cpu and cuda")
-    if not tensor.is_contiguous():
-        raise ValueError(f"pycomm.{what}: tensor{_label(name)} is not contiguous (strides {tuple(tensor.stride())}); "
-                         "pass tensor.contiguous()")
-
-
-def _check_op(op: str, dtype: torch.dtype, what: str) -> None:
-    if op not in REDUCE_OPS:
-        raise ValueError(f"pycomm.{what}: unknown op {op!r}; choose one of {', '.join(REDUCE_OPS)}")
-    if op == "avg" and not dtype.is_floating_point:
-        raise TypeError(f"pycomm.{what}: op='avg' needs a floating-point tensor, got "
-                        f"{str(dtype).replace('torch.', '')}; use op='sum' and divide yourself")
 
 
 def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
                     out: Optional[torch.Tensor] = None, name: Optional[str] = None, _blocking: bool = False,
-                    compression: Union[str, "Compressor"] = "none", group: Optional[ProcessGroup] = None) -> Handle:
+                    compression: Union[str, Compressor] = "none", group: Optional[ProcessGroup] = None) -> Handle:
     """Start an allreduce; ``handle.wait()`` returns the result tensor.
 
     op: sum | avg | min | max. avg of fp16/bf16 divides by N before summing
@@ -76,21 +46,8 @@ def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "aut
     """
     topology()
     gid = group_id(group, "allreduce")
-    check_tensor(tensor, "allreduce", name)
-    _check_op(op, tensor.dtype, "allreduce")
-    if algorithm not in ALLREDUCE_ALGORITHMS:
-        raise ValueError(f"pycomm.allreduce: unknown algorithm {algorithm!r}; "
-                         f"choose one of {', '.join(ALLREDUCE_ALGORITHMS)}")
-    if out is None:
-        out = tensor
-    else:
-        check_tensor(out, "allreduce (out)", name)
-        if out.shape != tensor.shape or out.dtype != tensor.dtype or out.device != tensor.device:
-            raise ValueError(f"pycomm.allreduce: out{_label(name)} is {out.dtype}{list(out.shape)} on {out.device}, "
-                             f"expected {tensor.dtype}{list(tensor.shape)} on {tensor.device}")
     if not (isinstance(compression, str) and compression == "none"):
-        from .compression import resolve
-
+        out = _ops.check_allreduce(tensor, op, algorithm, out, name)
         compressor = resolve(compression)
         if compressor.name != "none":
             if gid:
@@ -98,14 +55,16 @@ def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "aut
             if algorithm != "auto":
                 raise ValueError(f"pycomm.allreduce: algorithm={algorithm!r} applies to compression='none'; "
                                  f"compression={compressor.name!r} runs its own scheme (leave algorithm='auto')")
-            return compressor.allreduce_async(tensor, op=op, name=name, out=out, _blocking=_blocking)
-    reduce_op = "sum" if op == "avg" else op
-    return _C.allreduce_async(tensor, out, reduce_op, op == "avg", algorithm, name or "", _blocking, gid)
+            handle = compressor.allreduce_async(tensor, op=op, name=name, out=out, _blocking=_blocking)
+            if not _blocking and not name:
+                _ops.note_unnamed(handle, stacklevel=3)
+            return handle
+    return _ops.allreduce_async(tensor, op=op, algorithm=algorithm, out=out, name=name, blocking=_blocking, gid=gid)
 
 
 def allreduce(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
               out: Optional[torch.Tensor] = None, name: Optional[str] = None,
-              compression: Union[str, "Compressor"] = "none", group: Optional[ProcessGroup] = None) -> torch.Tensor:
+              compression: Union[str, Compressor] = "none", group: Optional[ProcessGroup] = None) -> torch.Tensor:
     """Reduce `tensor` over all ranks; see allreduce_async. Returns the result."""
     return allreduce_async(tensor, op=op, algorithm=algorithm, out=out, name=name, _blocking=True,
                            compression=compression, group=group).wait()
@@ -135,12 +94,7 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None, group: Opt
     The first dimension may differ per rank; the others, and the dtype, must agree.
     """
     topology()
-    gid = group_id(group, "allgather")
-    check_tensor(tensor, "allgather", name)
-    if tensor.dim() == 0:
-        raise ValueError(f"pycomm.allgather: tensor{_label(name)} is a scalar; give it at least one dimension "
-                         "(tensor.reshape(1))")
-    return _C.allgather_async(tensor, name or "", gid)
+    return _ops.allgather_async(tensor, name, gid=group_id(group, "allgather"))
 
 
 def allgather(tensor: torch.Tensor, name: Optional[str] = None, group: Optional[ProcessGroup] = None) -> torch.Tensor:

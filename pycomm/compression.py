@@ -47,7 +47,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import _C
+from . import _C, _ops, kernels
+from .runtime import size
 
 #: The compressions pycomm ships (pycomm.collectives.COMPRESSIONS is the same tuple).
 BUILTIN = ("none", "fp16", "bf16", "onebit")
@@ -115,17 +116,14 @@ class Compressor:
 
     def allreduce_async(self, tensor: torch.Tensor, op: str = "avg", name: Optional[str] = None,
                         out: Optional[torch.Tensor] = None, _blocking: bool = False):
-        from . import collectives
-
         self.check(tensor, op, name)
         payload, ctx = self.compress(tensor, name)
         handles = []
         for i, p in enumerate(payload):
             flat = p.reshape(-1).contiguous()
             tag = f"{name or ''}.c{i}"
-            handles.append((collectives.allgather_async(flat, name=tag),
-                            collectives.allgather_async(torch.tensor([flat.numel()], dtype=torch.int64),
-                                                        name=tag + ".n"),
+            handles.append((_ops.allgather_async(flat, name=tag),
+                            _ops.allgather_async(torch.tensor([flat.numel()], dtype=torch.int64), name=tag + ".n"),
                             p.shape[1:] if p.dim() > 1 else None))
         return _GenericHandle(self, handles, ctx, tensor, out if out is not None else tensor, op)
 
@@ -182,9 +180,7 @@ class NoCompression(Compressor):
         return int(_C.ring_wire_bytes(numel, 4, world_size, rank))
 
     def allreduce_async(self, tensor, op="avg", name=None, out=None, _blocking=False):
-        from . import collectives
-
-        return collectives.allreduce_async(tensor, op=op, out=out, name=name, _blocking=_blocking)
+        return _ops.allreduce_async(tensor, op=op, out=out, name=name, blocking=_blocking)
 
 
 class _EngineCompressor(Compressor):
@@ -335,8 +331,6 @@ class OneBit(_EngineCompressor):
                 pass
 
     def state_dict(self) -> Dict[str, Any]:
-        from .runtime import size
-
         self._wait_pending()
         return {
             "compression": self.name,
@@ -346,8 +340,6 @@ class OneBit(_EngineCompressor):
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        from .runtime import size
-
         super().load_state_dict(state)
         self._wait_pending()
         world = size()
@@ -374,19 +366,13 @@ class OneBit(_EngineCompressor):
     # ---- generic interface (one rank, no communication) ----
     def compress(self, tensor, name):
         """Worker side only: (bits uint8, scales float32) of tensor + residual, updating the worker residual."""
-        from .runtime import size
-
         r = self._residuals_for(name or "", tensor.numel(), size())
         _, chunk = _C.onebit_layout(tensor.numel(), size())
-        from . import kernels
-
         bits, scales = kernels.onebit_compress(tensor.reshape(-1).contiguous().float(), r.worker, chunk=max(chunk, 8),
                                                mask=self._masks.get(name or ""))
         return [bits, scales], (tensor.shape, max(chunk, 8), self._masks.get(name or ""))
 
     def decompress(self, payload, ctx):
-        from . import kernels
-
         shape, chunk, mask = ctx
         n = 1
         for d in shape:
@@ -395,8 +381,6 @@ class OneBit(_EngineCompressor):
 
     # ---- the collective ----
     def allreduce_async(self, tensor, op="avg", name=None, out=None, _blocking=False, mask=None):
-        from .runtime import size
-
         self.check(tensor, op, name)
         if not name:
             raise ValueError("pycomm.allreduce(compression='onebit') needs name=: the error-feedback residuals are "

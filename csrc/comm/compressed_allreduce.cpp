@@ -147,17 +147,22 @@ void half_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, size_t ri
   hb.dtype = half;
   // Partial sums are combined in fp32 on every hop (reduce_cpu widens, adds, rounds once).
   ring_allreduce(hb, ReduceOp::SUM, comm, ring_chunk_bytes);
-  if (!a.average && half == DType::F16) {
-    // A sum can overflow float16 on the way even when every input fits. The
+  if (half == DType::F16) {
+    // A sum can overflow float16 on the way even when every input fits; so can
+    // an average: its pre-divided terms fit, but the mean may not, and with
+    // mixed signs a partial sum may overflow although the mean fits. The
+    // input had no inf/NaN (checked above), so inf/NaN now is an overflow. The
     // reduced buffer is the same on every rank, so every rank sees this.
     int overflow = 0;
     const uint16_t* hv = static_cast<const uint16_t*>(h);
     for (size_t i = 0; i < n && !overflow; ++i) overflow = (hv[i] & 0x7c00u) == 0x7c00u;
     if (overflow)
-      throw CommError("pycomm.allreduce(compression='fp16', op='sum')" +
+      throw CommError(std::string("pycomm.allreduce(compression='fp16', op='") + (a.average ? "avg" : "sum") + "')" +
                       (a.name.empty() ? std::string() : " of '" + a.name + "'") +
-                      ": the sum overflowed float16; nothing was written. Use op='avg' (pre-divides by the number "
-                      "of ranks) or compression='bf16'.");
+                      (a.average ? ": the average, or a partial sum on the way to it, overflowed float16 (beyond "
+                                   "65504); nothing was written. Use compression='bf16' (float32's range)."
+                                 : ": the sum overflowed float16; nothing was written. Use op='avg' (pre-divides by "
+                                   "the number of ranks) or compression='bf16'."));
   }
   kernels::cast_to_float_cpu(h, out, n, half, 1.0f);
 }

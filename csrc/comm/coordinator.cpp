@@ -74,11 +74,7 @@ Signature Signature::cheap() const {
   Signature c = *this;
   std::memset(c.name, 0, sizeof c.name);
   c.op = -1;
-  c.extra = 0;
-  if (static_cast<Collective>(kind) != Collective::ALLGATHER) {  // an allgather's row shape sizes its rows
-    c.ndim = 0;
-    std::memset(c.dims, 0, sizeof c.dims);
-  }
+  c.extra = 0;  // shapes stay: the engine records allreduces and broadcasts flat, and an allgather's rows size it
   return c;
 }
 

@@ -62,7 +62,7 @@ struct Signature {
   void set_name(const std::string& n);
   // What check_consistency=False still compares: what the data movement
   // needs to stay in bounds (kind, dtype, element count, row shape of an
-  // allgather, root, algorithm) -- not names, shapes of allreduces or ops.
+  // allgather, root, algorithm) -- not names or reduction ops.
   Signature cheap() const;
   std::string describe() const;  // e.g. "allreduce 'fc.weight' float16[1000, 3] op=sum algorithm=ring"
 };

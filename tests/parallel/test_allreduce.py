@@ -125,3 +125,18 @@ def test_measured_auto_table_drives_auto():
     finally:
         pycomm.set_options(auto_table=[])
     assert pycomm.get_options()["auto_table"] == []
+
+
+def test_bandwidth_table_counts_wrong_results():
+    # pycomm-train's table: 0 wrong for real allreduces, and a no-op (data left
+    # as they were) is counted wrong on every rank but a middle one.
+    from mpi4py import MPI
+
+    from pycomm.train import bandwidth
+
+    rows = bandwidth.measure(sizes=(4 << 10, 12 << 10), iters=2, warmup=0)
+    assert rows and all(r["wrong"] == 0 for r in rows), rows
+    rank, size = pycomm.rank(), pycomm.size()
+    expected, data = bandwidth.rank_dependent(1001, rank, size)
+    noop = MPI.COMM_WORLD.allreduce(bandwidth.count_wrong(data, expected), op=MPI.SUM)
+    assert noop == (0 if size == 1 else 1001 * (size - size % 2)), noop

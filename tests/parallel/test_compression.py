@@ -102,7 +102,8 @@ def test_onebit_error_feedback_tracks_the_mean(comm):
         acc_got += pycomm.allreduce(x, op="avg", compression=c, name="ef").double().numpy()
     # the error is what the residuals still hold: bounded, not growing with the steps
     drift = np.abs(acc_got - acc_ref).mean() / np.abs(acc_ref).mean()
-    assert drift < 0.5, f"error feedback lost track of the mean (relative drift {drift:.3f} after {steps} steps)"
+    # Measured drift 0.125, 0.179, 0.183, 0.188 at 1, 2, 3, 4 ranks (fixed data); bound 0.25.
+    assert drift < 0.25, f"error feedback lost track of the mean (relative drift {drift:.3f} after {steps} steps)"
 
 
 @pytest.mark.parametrize("compression,eps", [("fp16", 2.0 ** -11), ("bf16", 2.0 ** -8)])

@@ -1,5 +1,5 @@
 """Training with compressed gradients through DistributedOptimizer: onebit (error feedback) ends
-within 5% of the uncompressed run's final loss; fp16/bf16 within 1%.
+within 3.5% of the uncompressed run's final loss; fp16/bf16 within 0.6%.
 
 Plain SGD: 1-bit compression of the *gradient* with heavy-ball momentum on top
 lags behind (measured here: +13% to +38% final loss with momentum 0.9), which
@@ -62,7 +62,9 @@ def baseline():
     return _BASELINE["loss"]
 
 
-@pytest.mark.parametrize("compression,tolerance", [("onebit", 0.05), ("fp16", 0.01), ("bf16", 0.01)])
+# Measured at 4 ranks (pytest -s prints them): onebit -2.1%, fp16 -0.0%, bf16 +0.3% from the
+# uncompressed final loss; bounds 3.5% and 0.6%.
+@pytest.mark.parametrize("compression,tolerance", [("onebit", 0.035), ("fp16", 0.006), ("bf16", 0.006)])
 def test_final_loss_close_to_uncompressed(compression, tolerance, comm):
     if pycomm.size() != 4:
         pytest.skip("the convergence comparison runs at 4 ranks (the harness runs this file at 1..4)")

@@ -118,8 +118,10 @@ def test_onebit_hook_trains_like_uncompressed_and_ranks_agree():
     assert identical_on_all_ranks(flat_params(model.module))
     final, final_base = np.mean(losses[-20:]), np.mean(base[-20:])
     assert final < 0.35 * losses[0], f"onebit did not train: {losses[0]:.3f} -> {final:.3f}"
-    # (test_compression_training.py holds onebit to 5% of float32 on a longer run)
-    assert final <= 2 * final_base + 0.05, f"onebit final loss {final:.4f}, uncompressed {final_base:.4f}"
+    # (test_compression_training.py holds onebit to 3.5% of float32 on a longer run)
+    # Measured final/final_base (mean of the last 20 losses, fixed data): 0.89, 1.16, 1.82, 1.36 at
+    # 1, 2, 3, 4 ranks (1-bit with error feedback lags float32 at 100 steps); bound 2.0, no offset.
+    assert final <= 2.0 * final_base, f"onebit final loss {final:.4f}, uncompressed {final_base:.4f}"
     assert state.iteration == steps
     assert state.compressor.names() == ["ddp.bucket0"]
     if pycomm.size() > 1:

@@ -40,10 +40,19 @@ def test_shape_op_and_kind_mismatches():
 
 
 def test_check_can_be_switched_off_and_on():
+    # Observable: the ranks name the call differently. On, that is a disagreement
+    # on every rank; off, names are not compared and the allreduce runs.
+    rank, size = pycomm.rank(), pycomm.size()
     assert pycomm.get_options()["check_consistency"] is True
+    if size > 1:
+        with pytest.raises(pycomm.CommError, match="ranks disagree on the call"):
+            pycomm.allreduce(torch.ones(7), name=f"switch.{rank}")
     pycomm.set_options(check_consistency=False)
     try:
-        y = pycomm.allreduce(torch.ones(7))
+        y = pycomm.allreduce(torch.ones(7), name=f"switch.{rank}")
     finally:
         pycomm.set_options(check_consistency=True)
-    assert torch.equal(y, torch.full((7,), float(pycomm.size())))
+    assert torch.equal(y, torch.full((7,), float(size)))
+    if size > 1:  # and back on
+        with pytest.raises(pycomm.CommError, match="ranks disagree on the call"):
+            pycomm.allreduce(torch.ones(7), name=f"switch.again.{rank}")

@@ -73,8 +73,13 @@ def test_ops_and_growing_window(algorithm, comm):
 
 def test_auto_picks_by_size_and_topology():
     topo = pycomm.topology()
-    assert pycomm.resolve_algorithm("auto", 100) == ("mpi" if topo.size > 1 else "mpi")
+    # Below auto_ring_min_bytes every topology (one rank included) uses MPI's own
+    # allreduce; from that size on the choice depends on the topology.
+    edge = pycomm.get_options()["auto_ring_min_bytes"]
+    assert pycomm.resolve_algorithm("auto", 100) == "mpi"
+    assert pycomm.resolve_algorithm("auto", edge - 1) == "mpi"
     big = pycomm.resolve_algorithm("auto", 64 << 20)
+    assert pycomm.resolve_algorithm("auto", edge) == big
     if topo.num_nodes > 1 and topo.homogeneous and topo.local_size > 1:
         assert big == "hierarchical"
     elif topo.num_nodes == 1 and topo.size > 1:

@@ -47,7 +47,7 @@ def test_staged_out_of_place_average_and_async(staging):
         assert_close(h.wait(), "sum", size, torch.float32, seed=72 + i, what=f"staged async g{i}")
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "mpi", "shm"])
+@pytest.mark.parametrize("algorithm", ["ring", "mpi"])
 @pytest.mark.parametrize("dtype,op", [(torch.float32, "avg"), (torch.bfloat16, "avg"), (torch.int32, "max"),
                                       (torch.float64, "sum")])
 def test_device_direct_path(algorithm, dtype, op):
@@ -65,3 +65,19 @@ def test_device_direct_path(algorithm, dtype, op):
             assert_close(y, op, size, dtype, seed=90, what=f"direct {algorithm} {op} {dtype} [{count}]")
     finally:
         pycomm.set_options(force_device_direct=False, ring_chunk_bytes=old["ring_chunk_bytes"])
+
+
+def test_device_direct_shm_runs_the_ring(comm):
+    """shm needs host shared memory; on the device-direct path it runs the ring
+    (engine.cpp, run_device_allreduce): bitwise the ring's result, not shm's."""
+    rank, size = pycomm.rank(), pycomm.size()
+    old = pycomm.get_options()
+    x = rank_data(rank, 50_001, torch.float32, seed=91)
+    try:
+        pycomm.set_options(force_device_direct=True, ring_chunk_bytes=4096)
+        via_shm = pycomm.allreduce(x.clone(), algorithm="shm")
+        via_ring = pycomm.allreduce(x.clone(), algorithm="ring")
+    finally:
+        pycomm.set_options(force_device_direct=False, ring_chunk_bytes=old["ring_chunk_bytes"])
+    assert_close(via_shm, "sum", size, torch.float32, seed=91, what="direct shm")
+    assert torch.equal(via_shm, via_ring)

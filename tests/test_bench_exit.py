@@ -1,0 +1,29 @@
+"""bench/allreduce.py fails loudly: only algorithms the topology cannot run are skipped,
+and any other CommError, or a wrong result, makes it exit non-zero."""
+import os
+
+import pytest
+
+from mpi_launch import ROOT, run_under_mpi
+
+BENCH = os.path.join(ROOT, "bench", "allreduce.py")
+ARGS = ["--min-bytes", "1K", "--max-bytes", "4K", "--baselines", "", "--iters", "2", "--warmup", "0"]
+
+
+@pytest.mark.mpi
+def test_unavailable_algorithm_is_skipped_and_the_rest_runs():
+    rc, out = run_under_mpi(2, [BENCH, *ARGS, "--algorithms", "ring,shm", "--ranks-per-node", "1"], timeout=120)
+    assert rc == 0, out
+    assert "# skipping shm: shm reduces within one node and this job spans 2" in out, out
+    rows = [ln.split() for ln in out.splitlines() if ln.startswith("  ") and " ring " in ln]
+    assert len(rows) == 2 and all(r[7] == "0" for r in rows), out  # 1 KiB and 4 KiB, no wrong element
+
+
+@pytest.mark.mpi
+def test_comm_error_while_timing_fails_the_run():
+    # Ranks that disagree on the call raise CommError inside the timed allreduce:
+    # that is a failure, not a "skipping" line.
+    rc, out = run_under_mpi(2, [BENCH, *ARGS, "--algorithms", "ring"], timeout=120,
+                            env={"PYCOMM_TEST_BENCH_DISAGREE": "1"})
+    assert rc != 0, out
+    assert "ranks disagree on the call" in out and "skipping" not in out, out
