@@ -34,6 +34,7 @@ CRASH_STATUS = 75
 # Options that define the training trajectory; a resumed run must match them.
 RESUME_KEYS = ("algorithm", "algorithm_config", "optimizer", "lr", "momentum", "sgd_nesterov", "weight_decay",
                "batch_size", "seed", "dataset", "model", "precision", "freeze_step")
+RESUME_DEFAULTS = {"precision": "fp32", "freeze_step": None}
 
 
 def seed_everything(seed: int) -> None:
@@ -100,7 +101,9 @@ def train(args) -> Dict[str, Any]:
         if ck.get("world_size", world) != world:
             raise UsageError(f"--resume: the checkpoint was made at {ck['world_size']} ranks, this job has {world}; "
                              "resume with the same number of ranks")
-        mismatch = {k: (ck["run"].get(k), v) for k, v in _run_identity(args).items() if ck["run"].get(k) != v}
+        # a checkpoint from before --precision/--freeze-step existed was made with their defaults
+        saved = {**RESUME_DEFAULTS, **ck["run"]}
+        mismatch = {k: (saved.get(k), v) for k, v in _run_identity(args).items() if saved.get(k) != v}
         if mismatch:
             raise UsageError("--resume: the checkpoint was made with different options: " + "; ".join(
                 f"{k} was {old!r}, now {new!r}" for k, (old, new) in mismatch.items()))
