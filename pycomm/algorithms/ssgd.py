@@ -3,6 +3,9 @@
 Equal to one minibatch of N*b samples. Gradients are averaged by
 DistributedOptimizer while backward runs (bucketed, overlapped); the sync
 point is inside ``DistributedOptimizer.step()`` and happens every step.
+An optimizer that is the whole data-parallel step by itself
+(``reduces_gradients = True``: pycomm.optim.OneBitAdam, OneBitLAMB) is
+used as it is, without DistributedOptimizer; its sync point is its step().
 """
 from __future__ import annotations
 
@@ -37,6 +40,15 @@ class SSGD(Algorithm):
     def __init__(self, model, local_optimizer, config: SSGDConfig = None):
         super().__init__(model, local_optimizer, config)
         c = self.config
+        self.self_reducing = bool(getattr(local_optimizer, "reduces_gradients", False))
+        if self.self_reducing:
+            if c.compression != "none":
+                raise ValueError(f"ssgd: {type(local_optimizer).__name__} compresses by itself; "
+                                 f"compression={c.compression!r} does not apply")
+            self.optimizer = local_optimizer
+            self._passes = 0
+            self._sent_base = self._reduced_base = 0
+            return
         self.optimizer = DistributedOptimizer(local_optimizer, model.named_parameters(), compression=c.compression,
                                               backward_passes_per_step=c.backward_passes_per_step,
                                               bucket_mb=c.bucket_mb)
@@ -52,7 +64,10 @@ class SSGD(Algorithm):
         # (they started during backward, from the gradient hooks)
         self.optimizer.step()
         self.bytes_sent = self._sent_base + self.optimizer.bytes_sent
-        self.bytes_reduced = self._reduced_base + self.optimizer.bytes_reduced
+        if self.self_reducing:  # payload: the float32 gradient (warm-up) or momentum (compressed) of every parameter
+            self.bytes_reduced += 4 * sum(p.numel() for p in self.params)
+        else:
+            self.bytes_reduced = self._reduced_base + self.optimizer.bytes_reduced
         self.num_syncs += 1
         self.steps += 1
 
@@ -71,5 +86,7 @@ class SSGD(Algorithm):
         if "compression" in state:  # error-feedback residuals (onebit)
             self.optimizer.compressor.load_state_dict(state["compression"])
         self._sent_base = self.bytes_sent - self.optimizer.bytes_sent
+        if self.self_reducing:  # its residuals came with the local optimizer's state_dict
+            return
         self._reduced_base = self.bytes_reduced - self.optimizer.bytes_reduced
         self.optimizer._alias()  # the local optimizer's load_state_dict replaced its state dict

@@ -17,7 +17,9 @@ from typing import Dict, List, Optional, Sequence
 from .. import algorithms
 from ..algorithms.bmuf import MOMENT_SYNC
 from .models import MODELS
-from .optimizers import OPTIMIZERS
+from .optimizers import OPTIMIZERS, SELF_REDUCING
+
+PRECISIONS = ("fp32", "fp16", "bf16")
 
 
 class UsageError(ValueError):
@@ -106,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--momentum", type=float, default=None, help="sgd/rmsprop momentum (default sgd 0.9, rmsprop 0)")
     g.add_argument("--sgd-nesterov", action="store_true", help="Nesterov momentum in the local SGD")
     g.add_argument("--weight-decay", type=float, default=0.0)
+    g.add_argument("--freeze-step", type=int, default=None,
+                   help="onebit_adam/onebit_lamb: warm-up steps with full-precision reduction before the variance "
+                        "is frozen and the momentum is 1-bit compressed (default: 15%% of the run's steps)")
+    g.add_argument("--precision", default="fp32", choices=list(PRECISIONS),
+                   help="fp32, or fp16/bf16 model with float32 master weights, gradients reduced in half "
+                        "precision and dynamic loss scaling (pycomm.optim.MixedPrecision; --algorithm ssgd only)")
     g.add_argument("--batch-size", type=int, default=16, help="minibatch per rank (default 16)")
     g.add_argument("--epochs", type=int, default=5)
     g.add_argument("--seed", type=int, default=0, help="model init and data order (default 0)")
@@ -172,6 +180,26 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         p.error("--resume needs --checkpoint-dir")
     if args.checkpoint_every < 0:
         p.error("--checkpoint-every must be >= 0")
+    if args.optimizer in SELF_REDUCING and args.algorithm != "ssgd":
+        p.error(f"--optimizer {args.optimizer} is the whole data-parallel step (it averages gradients, then "
+                f"1-bit compressed momenta, itself); use it with --algorithm ssgd, not {args.algorithm}")
+    if args.freeze_step is not None and args.optimizer not in SELF_REDUCING:
+        p.error(f"--freeze-step applies to {' and '.join(SELF_REDUCING)}, not to {args.optimizer}")
+    if args.freeze_step is not None and args.freeze_step < 0:
+        p.error(f"--freeze-step must be >= 0, got {args.freeze_step}")
+    if args.precision != "fp32":
+        if args.algorithm != "ssgd":
+            p.error(f"--precision {args.precision} applies to --algorithm ssgd (pycomm.optim.MixedPrecision reduces "
+                    f"the gradients), not to {args.algorithm}")
+        if getattr(args, "compression", "none") != "none":
+            p.error(f"--precision {args.precision} reduces the gradients in {args.precision} already; "
+                    f"--compression {args.compression} does not apply")
+        if getattr(args, "backward_passes_per_step", 1) != 1:
+            p.error(f"--precision {args.precision} takes one backward pass per step; "
+                    "--backward-passes-per-step does not apply")
+    elif args.optimizer in SELF_REDUCING and getattr(args, "compression", "none") != "none":
+        p.error(f"--optimizer {args.optimizer} compresses its momentum itself; --compression {args.compression} "
+                "does not apply")
     try:
         args.algorithm_config = algorithm_config(args)
         algorithms.make_config(args.algorithm, **args.algorithm_config)  # value checks

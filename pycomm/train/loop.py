@@ -28,13 +28,14 @@ from .cli import UsageError
 from .data import DataError, Dataset, check_batch, epoch_shard, load_dataset, steps_per_epoch
 from .metrics import accuracy, epoch_line, fingerprint
 from .models import build_model
-from .optimizers import build_optimizer
+from .optimizers import SELF_REDUCING, build_optimizer
 
 CRASH_STATUS = 75
 
 # Options that define the training trajectory; a resumed run must match them.
 RESUME_KEYS = ("algorithm", "algorithm_config", "optimizer", "lr", "momentum", "sgd_nesterov", "weight_decay",
-               "batch_size", "seed", "dataset", "model")
+               "batch_size", "seed", "dataset", "model", "precision", "freeze_step")
+RESUME_DEFAULTS = {"precision": "fp32", "freeze_step": None}
 
 
 def seed_everything(seed: int) -> None:
@@ -62,18 +63,31 @@ def train(args) -> Dict[str, Any]:
         raise UsageError(str(e)) from None
     del probe
 
+    n_train = len(data.y_train)
+    spe = steps_per_epoch(n_train, world, args.batch_size)
+    total_steps = spe * args.epochs
+    # onebit_adam/onebit_lamb: by default 15% of the run's steps are full-precision warm-up
+    freeze_step = getattr(args, "freeze_step", None)
+    if args.optimizer in SELF_REDUCING and freeze_step is None:
+        freeze_step = max(1, (15 * total_steps) // 100)
+    precision = getattr(args, "precision", "fp32")
+
     seed_everything(args.seed)
     model = build_model(args.model, data.input_shape, data.num_classes)
     try:
         local_opt = build_optimizer(args.optimizer, model.parameters(), lr=args.lr, momentum=args.momentum,
-                                    sgd_nesterov=args.sgd_nesterov, weight_decay=args.weight_decay)
+                                    sgd_nesterov=args.sgd_nesterov, weight_decay=args.weight_decay,
+                                    freeze_step=freeze_step)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    algo = algorithms.create(args.algorithm, model, local_opt, **args.algorithm_config)
+    if precision != "fp32":
+        from .precision import MixedPrecisionSSGD
 
-    n_train = len(data.y_train)
-    spe = steps_per_epoch(n_train, world, args.batch_size)
-    total_steps = spe * args.epochs
+        algo = MixedPrecisionSSGD(model, local_opt, algorithms.make_config("ssgd", **args.algorithm_config),
+                                  precision=precision)
+    else:
+        algo = algorithms.create(args.algorithm, model, local_opt, **args.algorithm_config)
+
     state = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "loss_sum": 0.0, "loss_count": 0,
              "history": [], "elapsed": 0.0}
     warmup = getattr(algo.config, "warmup_steps", None)
@@ -102,7 +116,9 @@ def train(args) -> Dict[str, Any]:
         if ck.get("world_size", world) != world:
             raise UsageError(f"--resume: the checkpoint was made at {ck['world_size']} ranks, this job has {world}; "
                              "resume with the same number of ranks")
-        mismatch = {k: (ck["run"].get(k), v) for k, v in _run_identity(args).items() if ck["run"].get(k) != v}
+        # a checkpoint from before --precision/--freeze-step existed was made with their defaults
+        saved = {**RESUME_DEFAULTS, **ck["run"]}
+        mismatch = {k: (saved.get(k), v) for k, v in _run_identity(args).items() if saved.get(k) != v}
         if mismatch:
             raise UsageError("--resume: the checkpoint was made with different options: " + "; ".join(
                 f"{k} was {old!r}, now {new!r}" for k, (old, new) in mismatch.items()))
@@ -133,7 +149,9 @@ def train(args) -> Dict[str, Any]:
         checkpoint.save(args.checkpoint_dir, state["global_step"], payload)
 
     if state["global_step"] == 0:
-        log(f"pycomm-train: {args.algorithm} on {world} rank(s), {args.optimizer} local optimizer, "
+        log(f"pycomm-train: {args.algorithm} on {world} rank(s), {args.optimizer} local optimizer"
+            + (f" (freeze_step {freeze_step})" if args.optimizer in SELF_REDUCING else "")
+            + (f", {precision} model with float32 master weights" if precision != "fp32" else "") + ", "
             f"{args.model} on {data.name} ({n_train} train / {len(data.y_test)} test samples), "
             f"batch {args.batch_size} per rank, {spe} steps per epoch")
     else:
@@ -149,8 +167,12 @@ def train(args) -> Dict[str, Any]:
             b = idx[s * args.batch_size:(s + 1) * args.batch_size]
             x, y = data.x_train[b], data.y_train[b]
             algo.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
+            if precision != "fp32":
+                loss = F.cross_entropy(model(algo.cast_input(x)).float(), y)
+                algo.backward(loss)  # scaled by the loss scale
+            else:
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
             algo.step()
             state["loss_sum"] += float(loss.detach()) * len(b)
             state["loss_count"] += len(b)
@@ -196,6 +218,11 @@ def train(args) -> Dict[str, Any]:
         "syncs": algo.num_syncs, "bytes_sent": algo.bytes_sent, "wall_time_s": round(wall, 3),
         "model_sha256": fingerprint(final.parameters()),
     }
+    summary["precision"] = precision
+    if args.optimizer in SELF_REDUCING:
+        summary["freeze_step"] = freeze_step
+    if precision != "fp32":
+        summary["loss_scale"], summary["skipped_steps"] = algo.loss_scale, algo.skipped_steps
     if args.bandwidth_table:
         rows = bandwidth.measure()
         if show:

@@ -1,26 +1,40 @@
-"""Local optimizers by name: any of torch.optim's sgd, adagrad, rmsprop, adadelta, adam, radam."""
+"""Optimizers by name: torch.optim's sgd, adagrad, rmsprop, adadelta, adam, radam, and pycomm.optim's
+lars, lamb (local, reduced by DistributedOptimizer) and onebit_adam, onebit_lamb (the whole data-parallel step)."""
 from __future__ import annotations
 
 from typing import Iterable, Optional
 
 import torch
 
-OPTIMIZERS = ("sgd", "adagrad", "rmsprop", "adadelta", "adam", "radam")
-DEFAULT_LR = {"sgd": 0.05, "adagrad": 0.05, "rmsprop": 0.001, "adadelta": 1.0, "adam": 0.001, "radam": 0.001}
-MOMENTUM_OPTIMIZERS = ("sgd", "rmsprop")
-DEFAULT_MOMENTUM = {"sgd": 0.9, "rmsprop": 0.0}
+OPTIMIZERS = ("sgd", "adagrad", "rmsprop", "adadelta", "adam", "radam", "lars", "lamb", "onebit_adam", "onebit_lamb")
+DEFAULT_LR = {"sgd": 0.05, "adagrad": 0.05, "rmsprop": 0.001, "adadelta": 1.0, "adam": 0.001, "radam": 0.001,
+              "lars": 2.0, "lamb": 0.01, "onebit_adam": 0.001, "onebit_lamb": 0.01}
+MOMENTUM_OPTIMIZERS = ("sgd", "rmsprop", "lars")
+DEFAULT_MOMENTUM = {"sgd": 0.9, "rmsprop": 0.0, "lars": 0.9}
+#: Optimizers that average over ranks themselves (pycomm.optim.OneBitAdam/OneBitLAMB): only with --algorithm ssgd.
+SELF_REDUCING = ("onebit_adam", "onebit_lamb")
 
 
 def build_optimizer(name: str, params: Iterable[torch.Tensor], lr: Optional[float] = None,
                     momentum: Optional[float] = None, sgd_nesterov: bool = False,
-                    weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    """torch.optim optimizer `name`; lr/momentum default per optimizer (DEFAULT_LR, DEFAULT_MOMENTUM)."""
+                    weight_decay: float = 0.0, freeze_step: Optional[int] = None) -> torch.optim.Optimizer:
+    """Optimizer `name`; lr/momentum default per optimizer (DEFAULT_LR, DEFAULT_MOMENTUM).
+
+    lars and lamb exclude the 1-D parameters (biases) from layer adaptation and weight decay;
+    freeze_step: warm-up steps of onebit_adam / onebit_lamb (required for those, refused for the others).
+    """
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
     if momentum is not None and name not in MOMENTUM_OPTIMIZERS:
-        raise ValueError(f"--momentum applies to {' and '.join(MOMENTUM_OPTIMIZERS)}, not to {name}")
+        raise ValueError(f"--momentum applies to {', '.join(MOMENTUM_OPTIMIZERS[:-1])} and {MOMENTUM_OPTIMIZERS[-1]}, "
+                         f"not to {name}")
     if sgd_nesterov and name != "sgd":
         raise ValueError(f"--sgd-nesterov applies to sgd, not to {name}")
+    if name in SELF_REDUCING:
+        if freeze_step is None or freeze_step < 0:
+            raise ValueError(f"--optimizer {name} needs --freeze-step >= 0, got {freeze_step}")
+    elif freeze_step is not None:
+        raise ValueError(f"--freeze-step applies to {' and '.join(SELF_REDUCING)}, not to {name}")
     lr = DEFAULT_LR[name] if lr is None else lr
     if not lr > 0:
         raise ValueError(f"--lr must be positive, got {lr}")
@@ -39,4 +53,15 @@ def build_optimizer(name: str, params: Iterable[torch.Tensor], lr: Optional[floa
         return torch.optim.Adadelta(params, lr=lr, weight_decay=weight_decay)
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    if name in ("lars", "lamb", "onebit_adam", "onebit_lamb"):
+        from .. import optim  # pycomm.optim: imported on use, the core stays independent of it
+
+        if name == "lars":
+            m = DEFAULT_MOMENTUM["lars"] if momentum is None else momentum
+            return optim.LARS(params, lr=lr, momentum=m, weight_decay=weight_decay)
+        if name == "lamb":
+            return optim.LAMB(params, lr=lr, weight_decay=weight_decay)
+        if name == "onebit_adam":
+            return optim.OneBitAdam(params, lr=lr, weight_decay=weight_decay, freeze_step=freeze_step)
+        return optim.OneBitLAMB(params, lr=lr, weight_decay=weight_decay, freeze_step=freeze_step)
     return torch.optim.RAdam(params, lr=lr, weight_decay=weight_decay)
