@@ -24,6 +24,7 @@ comm::Engine& engine();
 void register_comm(pybind11::module_& m);
 void register_compression(pybind11::module_& m);
 void register_kernels(pybind11::module_& m);
+void register_ps(pybind11::module_& m);
 
 }  // namespace bindings
 }  // namespace pycomm
