@@ -15,6 +15,12 @@ from typing import Sequence
 _TAG = 77
 
 
+def _max():
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
 class TurnSchedule:
     def __init__(self, ps, order: Sequence[int]):
         order = [int(k) for k in order]
@@ -24,6 +30,20 @@ class TurnSchedule:
         self.ps, self.order, self.pos = ps, order, 0
         self.me = ps.worker_index
         self.comm = ps.worker_comm
+
+    def global_position(self) -> int:
+        """Collective over workers: the turns done by all (call when no turn is in progress)."""
+        return self.comm.allreduce(self.pos, op=_max())
+
+    def restart_at(self, pos: int) -> None:
+        """Collective over workers: continue with turn `pos` (turns before it done), e.g. after a state
+        was loaded. The worker of turn pos - 1 hands the token on again."""
+        if not 0 <= pos <= len(self.order):
+            raise ValueError(f"TurnSchedule.restart_at: position {pos} outside 0..{len(self.order)}")
+        self.comm.Barrier()  # no token of the previous pass is still travelling
+        self.pos = pos
+        if 0 < pos < len(self.order) and self.order[pos - 1] == self.me and self.order[pos] != self.me:
+            self.comm.send(pos, dest=self.order[pos], tag=_TAG)
 
     def turns_of(self, worker: int) -> int:
         return self.order.count(worker)
