@@ -116,6 +116,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--mpi-arg", action="append", default=[], metavar="ARG",
                    help="extra argument passed to the launcher as is (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="print the command without running it")
+    p.add_argument("--servers", type=int, default=None, metavar="K",
+                   help="parameter server: the last K ranks are dedicated servers (sets PYCOMM_PS_SERVERS=K; "
+                        "pycomm.ps.ParameterServer places its servers there)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     args = p.parse_args(argv)
     if args.command and args.command[0] == "--":
@@ -124,6 +127,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         p.error("no command given (e.g. pycomm-run -np 2 python train.py)")
     if args.np < 1:
         p.error(f"-np must be at least 1, got {args.np}")
+    if args.servers is not None and not 0 <= args.servers < args.np:
+        p.error(f"--servers {args.servers} must be between 0 and {args.np - 1} (at least one rank must be a worker)")
     if args.hostfile and not os.path.exists(args.hostfile):
         p.error(f"hostfile {args.hostfile} does not exist")
     return args
@@ -135,13 +140,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     command = list(args.command)
     if command[0] in ("python", "python3"):
         command[0] = sys.executable  # the interpreter pycomm is installed in
+    env = None
+    if args.servers is not None:
+        env = {**os.environ, "PYCOMM_PS_SERVERS": str(args.servers)}
     cmd = build_command(args.np, command, launcher=launcher, flavour=mpi_flavour(launcher),
-                        hostfile=args.hostfile, extra=args.mpi_arg)
+                        hostfile=args.hostfile, extra=args.mpi_arg, env=env)
     print("pycomm-run: " + shlex.join(cmd), file=sys.stderr, flush=True)
     if args.dry_run:
         return 0
     try:
-        return subprocess.call(cmd)
+        return subprocess.call(cmd, env=env)
     except KeyboardInterrupt:
         return 130
 
