@@ -257,3 +257,21 @@ def test_state_dict_round_trip():
     ps.pull("w", w)
     assert torch.equal(w, again)
     ps.shutdown()
+
+
+def test_silent_worker_is_named(capfd):
+    """A worker that stops talking while another has finished is reported by the servers, by index and rank."""
+    import time
+    if pycomm.size() < 2:
+        pytest.skip("needs two workers")
+    ps = ParameterServer(UpdateRule(lr=0.1), servers=0, stall_report_s=1.0)
+    w = torch.zeros(3)
+    ps.register({"w": w})
+    last = ps.num_workers - 1
+    if ps.worker_index == last:
+        time.sleep(3.0)  # silent; worker 0 is already done
+    ps.shutdown()
+    if ps.worker_index == 0:
+        err = capfd.readouterr().err
+        assert f"worker {last} (rank {last}) has sent nothing for" in err, err
+        assert "it may have died or stalled" in err
