@@ -7,7 +7,7 @@
     algo.finalize()
 
 ssgd, model_averaging, bmuf (CBM/NBM, BMUF-Adam via moment_sync), easgd, admm; through the parameter
-server (pycomm.ps, ALGORITHMS.md §5): asgd, ssp, dcasgd (constant or adaptive lambda), adadelay.
+server (pycomm.ps, ALGORITHMS.md §5): asgd, ssp, dcasgd (constant or adaptive lambda), adadelay; on one node without locks: hogwild.
 """
 from .adadelay import AdaDelay, AdaDelayConfig
 from .admm import ADMM, ADMMConfig
@@ -16,12 +16,14 @@ from .base import Algorithm
 from .bmuf import BMUF, BMUFConfig, MOMENT_SYNC
 from .dcasgd import DCASGD, DCASGDConfig
 from .easgd import EASGD, EASGDConfig
+from .hogwild import Hogwild, HogwildConfig
 from .model_averaging import ModelAveraging, ModelAveragingConfig
 from .registry import ALGORITHMS, config_fields, create, get, make_config, names
 from .ssgd import SSGD, SSGDConfig
 from .ssp import SSP, SSPConfig
 
-__all__ = ["ASGD", "ASGDConfig", "AdaDelay", "AdaDelayConfig", "DCASGD", "DCASGDConfig", "SSP", "SSPConfig",
+__all__ = ["ASGD", "ASGDConfig", "AdaDelay", "AdaDelayConfig", "DCASGD", "DCASGDConfig", "SSP", "SSPConfig", "Hogwild",
+           "HogwildConfig",
            "ADMM", "ADMMConfig", "ALGORITHMS", "Algorithm", "BMUF", "BMUFConfig", "EASGD", "EASGDConfig",
            "MOMENT_SYNC", "ModelAveraging", "ModelAveragingConfig", "SSGD", "SSGDConfig", "config_fields",
            "create", "get", "make_config", "names"]

@@ -13,12 +13,13 @@ from .base import Algorithm
 from .bmuf import BMUF
 from .dcasgd import DCASGD
 from .easgd import EASGD
+from .hogwild import Hogwild
 from .model_averaging import ModelAveraging
 from .ssgd import SSGD
 from .ssp import SSP
 
 ALGORITHMS: Dict[str, Type[Algorithm]] = {cls.name: cls for cls in (SSGD, ModelAveraging, BMUF, EASGD, ADMM,
-                                                                    ASGD, SSP, DCASGD, AdaDelay)}
+                                                                    ASGD, SSP, DCASGD, AdaDelay, Hogwild)}
 
 
 def names() -> List[str]:

@@ -156,3 +156,27 @@ def test_wrong_local_optimizer():
     model = Toy32()
     with pytest.raises(TypeError, match="asgd: the servers apply SGD; pass torch.optim.SGD .* got Adam"):
         algorithms.create("asgd", model, torch.optim.Adam(model.parameters()))
+
+
+def test_hogwild_updates_of_every_rank_land():
+    """Rank k's gradient touches only elements k, k+N, ...: no two ranks race, so after S steps of
+    every rank each element holds exactly w0 - lr S c (float32 of small dyadic numbers: exact)."""
+    W, k = pycomm.size(), pycomm.rank()
+    if pycomm.num_nodes() != 1:
+        pytest.skip("hogwild is one node")
+    n, steps, lr = 4 * W + 3, 25, 0.125
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(torch.zeros(n))
+    algo = algorithms.create("hogwild", model, torch.optim.SGD(model.parameters(), lr=lr))
+    c = torch.zeros(n)
+    c[k::W] = float(k + 1)
+    for _ in range(steps):
+        algo.zero_grad()
+        (model.w * c).sum().backward()
+        algo.step()
+    algo.finalize()
+    expect = torch.zeros(n)
+    for j in range(W):
+        expect[j::W] = -lr * steps * (j + 1)
+    assert torch.equal(model.w.detach(), expect), f"rank {k}: {model.w.detach()} != {expect}"
+    assert algo.num_syncs == 0 and algo.bytes_sent == 0
