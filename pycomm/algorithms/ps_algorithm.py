@@ -43,10 +43,9 @@ class PSAlgorithm(Algorithm):
         if bad:
             raise TypeError(f"{self.name}: the parameter server holds float32; parameters {bad} are not")
         self.names = [n for n, p in model.named_parameters() if p.requires_grad]
-        self.ps = ParameterServer(self.make_rule(float(g["lr"]), float(g["momentum"]), float(g["weight_decay"])),
-                                  servers=0, staleness_bound=self.staleness_bound(),
-                                  stall_report_s=self.config.stall_report_s)
-        self.ps.register(list(zip(self.names, [p.data for p in self.params])))
+        self.ps = self.create_ps(self.make_rule(float(g["lr"]), float(g["momentum"]), float(g["weight_decay"])))
+        if self.ps.is_worker:
+            self.ps.register(list(zip(self.names, [p.data for p in self.params])))
         self.schedule: Optional[TurnSchedule] = None
         self.final_stats: Optional[dict] = None
         self._zeros: Dict[str, torch.Tensor] = {}
@@ -54,6 +53,10 @@ class PSAlgorithm(Algorithm):
     # -- what the subclasses choose ---------------------------------------------
     def make_rule(self, lr: float, momentum: float, weight_decay: float) -> UpdateRule:
         return UpdateRule(lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+    def create_ps(self, rule: UpdateRule) -> ParameterServer:
+        return ParameterServer(rule, servers=0, staleness_bound=self.staleness_bound(),
+                               stall_report_s=self.config.stall_report_s)
 
     def staleness_bound(self) -> Optional[int]:
         return None

@@ -78,7 +78,8 @@ class ParameterServer:
     """Sharded parameter server over MPI point-to-point (see the module docstring). Collective to create."""
 
     def __init__(self, rule: Optional[UpdateRule] = None, servers: Optional[int] = None,
-                 staleness_bound: Optional[int] = None, stall_report_s: float = 60.0):
+                 staleness_bound: Optional[int] = None, stall_report_s: float = 60.0,
+                 worker_ranks: Optional[Sequence[int]] = None):
         topo = topology()
         self.rule = UpdateRule() if rule is None else rule
         if not isinstance(self.rule, UpdateRule):
@@ -93,6 +94,13 @@ class ParameterServer:
         n = topo.size
         self.server_ranks: List[int] = list(range(n - k, n)) if k else list(range(n))
         self.worker_ranks: List[int] = list(range(n - k)) if k else list(range(n))
+        if worker_ranks is not None:  # co-located servers on every rank, only these ranks push and pull
+            if k:
+                raise ValueError("pycomm.ps: worker_ranks applies to co-located servers (servers=0)")
+            wr = sorted(set(int(r) for r in worker_ranks))
+            if not wr or wr[0] < 0 or wr[-1] >= n:
+                raise ValueError(f"pycomm.ps: worker_ranks {list(worker_ranks)} must be ranks 0..{n - 1}")
+            self.worker_ranks = wr
         self.num_servers, self.num_workers = len(self.server_ranks), len(self.worker_ranks)
         self.rank = topo.rank
         self.is_worker = self.rank in self.worker_ranks
@@ -112,7 +120,8 @@ class ParameterServer:
         self.clock_value = 0
         self.bytes_pushed = self.bytes_pulled = 0
         self._closed = False
-        if self.is_server and self.is_worker:
+        self._threaded = self.is_server and (self.is_worker or worker_ranks is not None)
+        if self._threaded:
             self._server.start()
         atexit.register(self.shutdown)
 
@@ -351,12 +360,9 @@ class ParameterServer:
     # -- serving and shutdown --------------------------------------------------------
     def serve(self) -> None:
         """Dedicated server ranks: serve until every worker has called shutdown()."""
-        if not self.is_server or self.is_worker:
+        if not self.is_server or self._threaded:
             raise CommError(f"pycomm.ps.serve on rank {self.rank}: only dedicated server ranks call serve()")
-        if self._closed:
-            return
-        self._server.run()
-        self._close()
+        self.shutdown()
 
     def shutdown(self) -> None:
         """Workers: flush, tell every server this worker is done, and (co-located) wait until every worker
@@ -366,11 +372,11 @@ class ParameterServer:
         if self.is_worker:
             self._client.flush().wait()
             self._client.done().wait()
-            if self.is_server:
-                self._server.join()
-            self._close()
-        else:
-            self.serve()
+        if self._threaded:
+            self._server.join()
+        elif not self.is_worker:
+            self._server.run()
+        self._close()
 
     def _close(self) -> None:
         self._closed = True

@@ -180,3 +180,39 @@ def test_hogwild_updates_of_every_rank_land():
         expect[j::W] = -lr * steps * (j + 1)
     assert torch.equal(model.w.detach(), expect), f"rank {k}: {model.w.detach()} != {expect}"
     assert algo.num_syncs == 0 and algo.bytes_sent == 0
+
+
+def test_hybrid_matches_numpy_replay():
+    """Groups of 2 ranks (1 at odd sizes) average their gradients, their leaders push and pull in a seeded
+    turn order; the replay treats each group as one ASGD worker whose gradient is its members' mean."""
+    N, r = pycomm.size(), pycomm.rank()
+    gsize = 2 if N % 2 == 0 else 1
+    G, g = N // gsize, r // gsize
+    order = order_for(G, 6 * G + 1, seed=9)
+    model, algo = make("hybrid", momentum=0.9, group_size=gsize)
+    algo.set_schedule(order)
+    run(model, algo, r, order.count(g))
+    rule = dict(lr=0.05, momentum=0.9)
+    ref = NpServer(G, **rule)
+    t0 = theta0()
+    for n, v in split(t0).items():
+        ref.init(n, v)
+    local = [t0.copy() for _ in range(G)]
+    for j in range(G):
+        for n in ("w", "v"):
+            ref.pull(j, n)
+    steps = [0] * G
+    for who in order:
+        gr = np.mean([grad(local[who], m, steps[who]) for m in range(who * gsize, (who + 1) * gsize)], axis=0)
+        for n, v in split(gr).items():
+            ref.push(who, n, v)
+        local[who] = np.concatenate([ref.pull(who, n).reshape(-1) for n in ("w", "v")])
+        steps[who] += 1
+    final = np.concatenate([ref.t[n]["w"].reshape(-1) for n in ("w", "v")])
+    scale = 1 + np.abs(final).max()
+    err = np.abs(flat(model.parameters()) - local[g]).max() / scale
+    assert err < TOL, f"rank {r} (group {g}): off the replay by {err:.3g}"
+    algo.finalize()
+    err = np.abs(flat(algo.eval_parameters()) - final).max() / scale
+    assert err < TOL, f"rank {r}: final model off the replay by {err:.3g}"
+    assert np.array_equal(np.asarray(algo.staleness()["histogram"]), ref.hist // 2 * (min(3, N) + min(4, N)))

@@ -23,6 +23,7 @@ def one_rank():
     ("adadelay", dict(delay_scale=-1.0), r"delay_scale must be >= 0"),
     ("asgd", dict(stall_report_s=-1.0), r"stall_report_s must be >= 0"),
     ("asgd", dict(staleness=2), r"option\(s\) staleness do not apply to algorithm 'asgd'"),
+    ("hybrid", dict(group_size=-2), r"group_size must be an integer >= 0 \(0: one group per node\)"),
 ])
 def test_config_errors(name, cfg, msg):
     with pytest.raises(ValueError, match=msg):
