@@ -14,7 +14,8 @@ updates between a worker's pull and its push). Writes ``study_async.md``,
 
 Step sizes: every asynchronous algorithm applies each worker's gradient with
 lr 0.1 (the single-process lr); SSGD averages N gradients and uses lr 0.1 N
-(linear scaling), so every algorithm moves the same distance per sample.
+(linear scaling) and hybrid, whose groups of 2 average 2 gradients, lr 0.2, so every algorithm moves the
+same distance per sample.
 """
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ def configs(n: int) -> List[Dict]:
         {"label": "DC-ASGD (lambda 0.04)", "argv": ["--algorithm", "dcasgd", "--dc-lambda", "0.04", *sgd]},
         {"label": "DC-ASGD-a (lambda0 2)", "argv": ["--algorithm", "dcasgd", "--adaptive", *sgd]},
         {"label": "AdaDelay (scale 0.05)", "argv": ["--algorithm", "adadelay", "--delay-scale", "0.05", *sgd]},
+        {"label": f"hybrid ({n // 2} groups of 2, lr x2)",
+         "argv": ["--algorithm", "hybrid", "--group-size", "2", "--optimizer", "sgd", "--lr", f"{LR * 2:g}",
+                  "--momentum", "0"]},
     ]
 
 
