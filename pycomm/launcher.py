@@ -235,10 +235,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="print the command without running it")
     p.add_argument("--check-build", action="store_true",
                    help="print what pycomm was built with and the tune table this job shape would use; run nothing")
+    p.add_argument("--servers", type=int, default=None, metavar="K",
+                   help="parameter server: the last K ranks are dedicated servers (sets PYCOMM_PS_SERVERS=K; "
+                        "pycomm.ps.ParameterServer places its servers there)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     args = p.parse_args(argv)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
+    if args.servers is not None and args.np is not None and not 0 <= args.servers < args.np:
+        p.error(f"--servers {args.servers} must be between 0 and {args.np - 1} (at least one rank must be a worker)")
     if args.hostfile and not os.path.exists(args.hostfile):
         p.error(f"hostfile {args.hostfile} does not exist")
     try:
@@ -274,10 +279,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     command = list(args.command)
     if command[0] in ("python", "python3"):
         command[0] = sys.executable  # the interpreter pycomm is installed in
+    env = None
+    if args.servers is not None:
+        env = {**os.environ, "PYCOMM_PS_SERVERS": str(args.servers)}
     try:
         cmd = build_command(args.np, command, launcher=launcher, flavour=mpi_flavour(launcher),
                             hostfile=args.hostfile, hosts=args.host_slots, export=args.export,
-                            extra=args.mpi_arg)
+                            extra=args.mpi_arg, env=env)
     except ValueError as e:
         print(f"pycomm-run: {e}", file=sys.stderr)
         return 2
@@ -285,7 +293,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.dry_run:
         return 0
     try:
-        return subprocess.call(cmd)
+        return subprocess.call(cmd, env=env)
     except KeyboardInterrupt:
         return 130
 

@@ -29,6 +29,7 @@ void register_c10d(pybind11::module_& m);      // c10d/python.cpp: the torch.dis
 void register_compression(pybind11::module_& m);
 void register_kernels(pybind11::module_& m);
 void register_optim(pybind11::module_& m);
+void register_ps(pybind11::module_& m);
 
 }  // namespace bindings
 }  // namespace pycomm

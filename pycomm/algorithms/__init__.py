@@ -6,16 +6,25 @@
         algo.zero_grad(); loss_fn(model(x), y).backward(); algo.step()
     algo.finalize()
 
-ssgd, model_averaging, bmuf (CBM/NBM, BMUF-Adam via moment_sync), easgd, admm.
+ssgd, model_averaging, bmuf (CBM/NBM, BMUF-Adam via moment_sync), easgd, admm; through the parameter
+server (pycomm.ps, ALGORITHMS.md §5): asgd, ssp, dcasgd (constant or adaptive lambda), adadelay; on one node without locks: hogwild; SSGD in groups, ASGD between them: hybrid.
 """
+from .adadelay import AdaDelay, AdaDelayConfig
 from .admm import ADMM, ADMMConfig
+from .asgd import ASGD, ASGDConfig
 from .base import Algorithm
 from .bmuf import BMUF, BMUFConfig, MOMENT_SYNC
+from .dcasgd import DCASGD, DCASGDConfig
 from .easgd import EASGD, EASGDConfig
+from .hogwild import Hogwild, HogwildConfig
+from .hybrid import Hybrid, HybridConfig
 from .model_averaging import ModelAveraging, ModelAveragingConfig
 from .registry import ALGORITHMS, config_fields, create, get, make_config, names
 from .ssgd import SSGD, SSGDConfig
+from .ssp import SSP, SSPConfig
 
-__all__ = ["ADMM", "ADMMConfig", "ALGORITHMS", "Algorithm", "BMUF", "BMUFConfig", "EASGD", "EASGDConfig",
+__all__ = ["ASGD", "ASGDConfig", "AdaDelay", "AdaDelayConfig", "DCASGD", "DCASGDConfig", "SSP", "SSPConfig", "Hogwild",
+           "HogwildConfig", "Hybrid", "HybridConfig",
+           "ADMM", "ADMMConfig", "ALGORITHMS", "Algorithm", "BMUF", "BMUFConfig", "EASGD", "EASGDConfig",
            "MOMENT_SYNC", "ModelAveraging", "ModelAveragingConfig", "SSGD", "SSGDConfig", "config_fields",
            "create", "get", "make_config", "names"]

@@ -6,14 +6,21 @@ from typing import Dict, List, Type
 
 import torch
 
+from .adadelay import AdaDelay
 from .admm import ADMM
+from .asgd import ASGD
 from .base import Algorithm
 from .bmuf import BMUF
+from .dcasgd import DCASGD
 from .easgd import EASGD
+from .hogwild import Hogwild
+from .hybrid import Hybrid
 from .model_averaging import ModelAveraging
 from .ssgd import SSGD
+from .ssp import SSP
 
-ALGORITHMS: Dict[str, Type[Algorithm]] = {cls.name: cls for cls in (SSGD, ModelAveraging, BMUF, EASGD, ADMM)}
+ALGORITHMS: Dict[str, Type[Algorithm]] = {cls.name: cls for cls in (SSGD, ModelAveraging, BMUF, EASGD, ADMM,
+                                                                    ASGD, SSP, DCASGD, AdaDelay, Hogwild, Hybrid)}
 
 
 def names() -> List[str]:

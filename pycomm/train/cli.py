@@ -135,6 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
             kw = {"choices": list(MOMENT_SYNC)} if field == "moment_sync" else {}
             a.add_argument(flag(field), dest=field, type=t, default=argparse.SUPPRESS, help=who, **kw)
 
+    s = p.add_argument_group("stragglers and curves")
+    s.add_argument("--straggler", default=None, metavar="RANK:FACTOR",
+                   help="make rank RANK FACTOR times slower per step: after its forward and backward it sleeps "
+                        "(FACTOR - 1) times their duration (e.g. 3:3)")
+    s.add_argument("--eval-every", type=int, default=0, metavar="STEPS",
+                   help="rank 0 also measures test accuracy every STEPS of its steps, for accuracy against wall "
+                        "time (0: per epoch only)")
+
     o = p.add_argument_group("output and state")
     o.add_argument("--checkpoint-dir", default=None, help="save checkpoints here (every epoch, and every "
                                                           "--checkpoint-every steps)")
@@ -163,6 +171,22 @@ def algorithm_config(args: argparse.Namespace) -> dict:
         raise UsageError(f"{', '.join(flag(f) for f in foreign)} does not apply to --algorithm {name}; "
                          f"its options are: {own}")
     return given
+
+
+def parse_straggler(spec: Optional[str]):
+    """'RANK:FACTOR' -> (rank, factor); None stays None. The rank is checked against the job in train()."""
+    if spec is None:
+        return None
+    parts = str(spec).split(":")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        rank, factor = int(parts[0]), float(parts[1])
+    except ValueError:
+        raise ValueError(f"--straggler expects RANK:FACTOR (e.g. 3:3), got {spec!r}") from None
+    if rank < 0 or not factor >= 1.0:
+        raise ValueError(f"--straggler {spec}: RANK must be >= 0 and FACTOR >= 1 (1: no slowdown)")
+    return rank, factor
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -200,6 +224,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     elif args.optimizer in SELF_REDUCING and getattr(args, "compression", "none") != "none":
         p.error(f"--optimizer {args.optimizer} compresses its momentum itself; --compression {args.compression} "
                 "does not apply")
+    if args.eval_every < 0:
+        p.error("--eval-every must be >= 0")
+    try:
+        args.straggler = parse_straggler(args.straggler)
+    except ValueError as e:
+        p.error(str(e))
     try:
         args.algorithm_config = algorithm_config(args)
         algorithms.make_config(args.algorithm, **args.algorithm_config)  # value checks

@@ -4,7 +4,8 @@
 classes, no download; the CSV is read directly, which is faster than
 importing scikit-learn), pixels scaled to [0, 1], split 80/20 stratified
 with a fixed seed. ``synthetic``: a deterministic 10-class Gaussian-mixture task
-of 8x8 "images". ``npz:PATH``: arrays ``x_train, y_train, x_test, y_test``
+of 8x8 "images". ``synthetic-large``: the same
+task with noise 3 (harder), 16,384 training and 10,000 test samples. ``npz:PATH``: arrays ``x_train, y_train, x_test, y_test``
 (features (N, D), (N, H, W) or (N, C, H, W); integer labels 0..C-1).
 
 Sharding: each epoch draws one permutation of the training set from
@@ -73,18 +74,19 @@ def _digits() -> Dataset:
                    torch.from_numpy(x[test_mask]), torch.from_numpy(y[test_mask]), 10)
 
 
-def _synthetic(n_train: int = 4096, n_test: int = 1024, classes: int = 10) -> Dataset:
+def _synthetic(n_train: int = 4096, n_test: int = 1024, classes: int = 10, noise: float = 1.5,
+               name: str = "synthetic") -> Dataset:
     rng = np.random.default_rng(12345)
     protos = rng.normal(0.0, 1.0, size=(classes, 1, 8, 8)).astype(np.float32)
 
     def draw(n):
         y = rng.integers(0, classes, size=n)
-        x = protos[y] + rng.normal(0.0, 1.5, size=(n, 1, 8, 8)).astype(np.float32)
+        x = protos[y] + rng.normal(0.0, noise, size=(n, 1, 8, 8)).astype(np.float32)
         return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y.astype(np.int64))
 
     xtr, ytr = draw(n_train)
     xte, yte = draw(n_test)
-    return Dataset("synthetic", xtr, ytr, xte, yte, classes)
+    return Dataset(name, xtr, ytr, xte, yte, classes)
 
 
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
@@ -143,9 +145,11 @@ def load_dataset(spec: str) -> Dataset:
         return _digits()
     if spec == "synthetic":
         return _synthetic()
+    if spec == "synthetic-large":  # harder (noise 3) and a 10,000-sample test set: one point = 100 samples
+        return _synthetic(16384, 10000, noise=3.0, name="synthetic-large")
     if spec.startswith("npz:"):
         return _npz(spec[4:])
-    raise DataError(f"unknown dataset {spec!r}; choose digits, synthetic or npz:PATH")
+    raise DataError(f"unknown dataset {spec!r}; choose digits, synthetic, synthetic-large or npz:PATH")
 
 
 def shard_size(n_train: int, world_size: int) -> int:

@@ -57,6 +57,12 @@ def train(args) -> Dict[str, Any]:
         raise UsageError(str(e)) from None
     pycomm.init()
     rank, world = pycomm.rank(), pycomm.size()
+    straggler = getattr(args, "straggler", None)
+    if straggler is not None and straggler[0] >= world:
+        raise UsageError(f"--straggler {straggler[0]}:{straggler[1]:g}: rank {straggler[0]} does not exist in a job "
+                         f"of {world} rank(s)")
+    slow_factor = straggler[1] if straggler is not None and straggler[0] == rank else 1.0
+    eval_every = getattr(args, "eval_every", 0)
     try:
         check_batch(len(data.y_train), world, args.batch_size)
     except DataError as e:
@@ -166,6 +172,7 @@ def train(args) -> Dict[str, Any]:
         for s in range(state["step_in_epoch"], spe):
             b = idx[s * args.batch_size:(s + 1) * args.batch_size]
             x, y = data.x_train[b], data.y_train[b]
+            t_compute = time.perf_counter()
             algo.zero_grad()
             if precision != "fp32":
                 loss = F.cross_entropy(model(algo.cast_input(x)).float(), y)
@@ -173,11 +180,17 @@ def train(args) -> Dict[str, Any]:
             else:
                 loss = F.cross_entropy(model(x), y)
                 loss.backward()
+            if slow_factor > 1.0:  # --straggler: this rank computes slow_factor times slower
+                time.sleep((slow_factor - 1.0) * (time.perf_counter() - t_compute))
             algo.step()
             state["loss_sum"] += float(loss.detach()) * len(b)
             state["loss_count"] += len(b)
             state["step_in_epoch"] = s + 1
             state["global_step"] += 1
+            if eval_every and show and state["global_step"] % eval_every == 0:
+                state.setdefault("curve", []).append(
+                    {"step": state["global_step"], "wall_time_s": state["elapsed"] + (time.perf_counter() - t_start),
+                     "test_accuracy": accuracy(algo.eval_model(), data.x_test, data.y_test)})
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{float(loss.detach()):.3f}", refresh=False)
@@ -223,6 +236,12 @@ def train(args) -> Dict[str, Any]:
         summary["freeze_step"] = freeze_step
     if precision != "fp32":
         summary["loss_scale"], summary["skipped_steps"] = algo.loss_scale, algo.skipped_steps
+    if callable(getattr(algo, "summary", None)):  # the parameter-server algorithms: staleness
+        summary.update(algo.summary())
+    if straggler is not None:
+        summary["straggler"] = {"rank": straggler[0], "factor": straggler[1]}
+    if "curve" in state:
+        summary["curve"] = state["curve"]
     if args.bandwidth_table:
         rows = bandwidth.measure()
         if show:

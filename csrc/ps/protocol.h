@@ -1,0 +1,52 @@
+// Wire protocol of the parameter server, on a communicator of its own (a
+// duplicate of pycomm's world, so it never matches the collective engine's
+// traffic).
+//
+// Every request is one header of kHeaderWords int64 on kTagRequest; a request
+// that carries data (init, push, load) is followed by one data message on
+// kTagData. MPI keeps messages of one (source, tag) in order, so a server that
+// takes a header and then receives kTagData from the same source gets that
+// request's data, and one worker's requests are served in the order it sent
+// them: its pushes are applied before its later pull, clock or flush.
+// Replies go to the worker's reply tag (one per outstanding request): a header
+// of kReplyWords int64 (status, version or size) and, for pull/save/stats, data.
+//
+// Bytes per push of S bytes over K servers: S/K data + 64 B header per server;
+// per pull the same in the other direction plus a 16 B reply header.
+#pragma once
+#include <cstdint>
+
+namespace pycomm {
+namespace ps {
+
+constexpr int kTagRequest = 1;
+constexpr int kTagData = 2;
+constexpr int kReplyTagBase = 1000;
+constexpr int kReplyTagCount = 30000;  // MPI guarantees tags up to 32767
+
+constexpr int kHeaderWords = 8;
+constexpr int kReplyWords = 2;
+
+enum Op : int64_t {
+  kInit = 1,     // key, total, count | data: this server's shard of the initial value
+  kPush = 2,     // key, total, count | data: the gradient's shard
+  kPull = 3,     // key, total, count, reply tag -> [status, version] + data
+  kClock = 4,    // clock c, reply tag -> [status, 0] once min over workers of clock >= c - bound
+  kFlush = 5,    // reply tag -> [status, 0] after every earlier request of this worker
+  kDone = 6,     // this worker sends nothing more
+  kStats = 7,    // reply tag -> [status, words] + int64 words (histograms, counters)
+  kSave = 8,     // reply tag -> [status, bytes] + the serialized server state
+  kLoad = 9,     // bytes, reply tag | data: a serialized state -> [status, 0]
+  kClockPull = 10,  // as kClock, and the answer carries every shard, in key order, read at that moment:
+                    // [status, shards] + one data message per shard. With bound 0 this is exact BSP.
+};
+
+enum Status : int64_t { kOk = 0, kUninitialized = 1, kBadRequest = 2, kBadState = 3 };
+
+// Header layout: [op, key, total, count, arg, reply_tag, 0, 0].
+enum HeaderField { kOpField = 0, kKeyField = 1, kTotalField = 2, kCountField = 3, kArgField = 4, kReplyField = 5 };
+
+constexpr int kHistogramBins = 64;  // staleness 0..62, and >= 63 in the last bin
+
+}  // namespace ps
+}  // namespace pycomm

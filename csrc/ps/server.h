@@ -1,0 +1,96 @@
+// One parameter-server shard holder. A server owns, for every tensor, the
+// contiguous element range part_begin(n, K, j) .. + part_size(n, K, j) of the
+// flattened tensor (server j of K): equal byte ranges of every tensor, so the
+// load is balanced whatever the tensor sizes are. It serves the protocol of
+// protocol.h in one loop (a thread of a worker rank when co-located, the main
+// thread of a dedicated server rank), applies the update rule of
+// kernels/ps_update.h to its shard as pushes arrive, keeps per worker the
+// version it last pulled (staleness = updates since then, histogrammed), the
+// copy of the weights it last pulled (DC-ASGD), and SSP clocks.
+// The loop ends when every worker has sent kDone: every request sent before
+// that has been served.
+#pragma once
+#include <mpi.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "../kernels/ps_update.h"
+#include "protocol.h"
+
+namespace pycomm {
+namespace ps {
+
+struct ServerConfig {
+  kernels::PsUpdate update;      // alpha is the step when adadelay is off
+  bool adadelay = false;         // alpha = 1 / (L + c sqrt(t + tau))
+  double adadelay_L = 1.0;
+  double adadelay_c = 0.0;
+  int64_t staleness_bound = -1;  // SSP's s; < 0: clock requests are answered at once
+  double stall_report_s = 60.0;  // name a worker silent this long while others wait (0: never)
+};
+
+class Server {
+ public:
+  // comm: the parameter-server communicator; workers: their ranks in it (worker i = workers[i]).
+  Server(MPI_Comm comm, std::vector<int> workers, ServerConfig config);
+
+  // Serve until every worker has sent kDone. Thread-safe against stop_requested() only.
+  void run();
+
+ private:
+  struct Shard {
+    int64_t total = 0;
+    size_t count = 0;
+    bool initialized = false;
+    uint64_t version = 0;  // updates applied
+    std::vector<float> w, v, ms;
+    std::vector<uint64_t> pulled_version;      // per worker, at its last pull
+    std::vector<std::vector<float>> backup;    // per worker, w at its last pull (DC-ASGD)
+  };
+  struct Outgoing {
+    std::vector<char> bytes;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+
+  void serve(const int64_t* h, int source);
+  void handle_data(const int64_t* h, int source, int worker);
+  void reply(int dest, int tag, int64_t status, int64_t value, const void* data, size_t bytes, bool send_data);
+  void send_copy(int dest, int tag, const void* data, size_t bytes);
+  void pull_all(int dest, int tag, int worker);
+  void answer_clocks();
+  void reap_sends(bool all);
+  void report_stalls();
+  Shard& shard_for(int64_t key, int64_t total, size_t count, int worker, const char* what);
+  std::vector<char> save() const;
+  bool load(const std::vector<char>& blob, std::string* error);
+  bool uses_backup() const { return config_.update.comp != kernels::PsCompensation::None; }
+
+  MPI_Comm comm_;
+  int rank_ = 0, nworkers_ = 0;
+  std::vector<int> workers_;
+  std::vector<int> worker_of_rank_;
+  ServerConfig config_;
+  std::map<int64_t, Shard> shards_;
+  std::vector<int64_t> clocks_;
+  std::vector<char> done_;
+  int done_count_ = 0;
+  struct ClockWait { int rank; int tag; int64_t clock; bool pull; int worker; };
+  std::vector<ClockWait> clock_waits_;
+  // Staleness per worker: histogram, pushes, sum, max.
+  std::vector<std::array<uint64_t, kHistogramBins>> hist_;
+  std::vector<uint64_t> pushes_, staleness_sum_, staleness_max_;
+  std::vector<std::chrono::steady_clock::time_point> last_seen_;
+  std::vector<char> reported_;
+  std::list<Outgoing> outgoing_;
+  std::vector<float> scratch_;
+};
+
+}  // namespace ps
+}  // namespace pycomm
