@@ -330,7 +330,8 @@ void Engine::run_device_allreduce(const AllreduceArgs& a) {
   if (a.average && half) gpu.scale(out.data, out.count, out.dtype, inv_n);
   const Algorithm algo = resolve(a.algorithm, out.bytes(), active_);
   // MPI has no fp16/bf16 op on devices, and pycomm's NaN-propagating float min/max ops run on the host.
-  const bool host_op = half || (a.op != ReduceOp::SUM && (out.dtype == DType::F32 || out.dtype == DType::F64));
+  const bool host_op = half || ((a.op == ReduceOp::MIN || a.op == ReduceOp::MAX) &&
+                                (out.dtype == DType::F32 || out.dtype == DType::F64));
   if (algo == Algorithm::MPI && (!host_op || (out.device == Device::CPU && !half)))
     mpi_allreduce(out, a.op, topo_.world);
   else ring_allreduce(out, a.op, topo_.world, active_.ring_chunk_bytes, &gpu);

@@ -85,7 +85,7 @@ MPI_Datatype mpi_datatype(DType dtype) {
 MPI_Op mpi_op(DType dtype, ReduceOp op) {
   if (dtype == DType::F16 || dtype == DType::BF16)
     return g_half_ops[dtype == DType::F16 ? 0 : 1][static_cast<int>(op)];
-  if ((dtype == DType::F32 || dtype == DType::F64) && op != ReduceOp::SUM)
+  if ((dtype == DType::F32 || dtype == DType::F64) && (op == ReduceOp::MIN || op == ReduceOp::MAX))
     return g_nan_ops[dtype == DType::F32 ? 0 : 1][op == ReduceOp::MIN ? 0 : 1];
   switch (op) {
     case ReduceOp::SUM: return MPI_SUM;
