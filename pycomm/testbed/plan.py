@@ -202,7 +202,7 @@ def mpi_command(spec: BedSpec, np: int, argv: Sequence[str], *, ranks_per_host: 
     cores = cpu_count() if cores is None else cores
     launch_env: Dict[str, str] = {}
     if flavour == "openmpi":
-        flags = ["--map-by", f"ppr:{ranks_per_host}:node", "--bind-to", "none"]
+        flags = ["--map-by", f"ppr:{ranks_per_host}:node"]  # build_command adds --bind-to none
         if ranks_per_host > cores:
             flags.append("--oversubscribe")
         flags += [

@@ -89,6 +89,7 @@ def test_openmpi_command_has_the_multihost_flags():
                   "--mca mpi_yield_when_idle 1", "--mca btl_tcp_links 2", "-x PYCOMM_A=1"):
         assert flags in text, flags
     assert "--oversubscribe" not in cmd
+    assert cmd.count("--bind-to") == 1  # Open MPI refuses an option given twice
 
 
 def test_openmpi_oversubscribes_only_above_the_core_count():
