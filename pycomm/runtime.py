@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -95,6 +96,10 @@ def _install_abort_hook() -> None:
                              "(pycomm.init(abort_on_exception=False) turns this off)\n")
             sys.stderr.flush()
             sys.stdout.flush()
+            # The launcher forwards output through its own processes; MPICH's hydra
+            # drops what it has not yet forwarded when the abort kills them, and
+            # the traceback (and other ranks' messages) came out cut. Give it 0.5 s.
+            time.sleep(0.5)
             MPI.COMM_WORLD.Abort(1)
 
     _state.previous_excepthook = previous
