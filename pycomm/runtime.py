@@ -70,6 +70,10 @@ def mpi():
     if "mpi4py.MPI" not in sys.modules:
         import mpi4py
 
+        from .mpi_env import apply_defaults
+
+        apply_defaults()  # fills in OMPI_MCA_osc on one host, never over the user's setting
+
         mpi4py.rc.thread_level = "multiple"
     from mpi4py import MPI
 

@@ -42,14 +42,18 @@ bool Work::done() const {
 
 void Work::finish(std::exception_ptr error) {
   std::vector<std::function<void(std::exception_ptr)>> callbacks;
+  // Released after the lock: dropping a tensor that has a Python object takes the GIL, and a
+  // Python thread polling done() holds the GIL while it waits for mu_.
+  std::shared_ptr<void> keepalive;
   {
     std::lock_guard<std::mutex> lock(mu_);
     error_ = error;
     done_ = true;
-    keepalive_.reset();
+    keepalive.swap(keepalive_);
     callbacks.swap(callbacks_);
   }
   cv_.notify_all();
+  keepalive.reset();
   for (auto& fn : callbacks) fn(error);
 }
 

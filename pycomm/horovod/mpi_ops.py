@@ -1,0 +1,542 @@
+"""Horovod's torch API (horovod.torch.mpi_ops) over pycomm's collectives.
+
+Semantics follow Horovod 0.28: ``allreduce`` is out of place and averages by
+default, ``allreduce_`` works in place; the ``*_async`` forms return an
+integer handle for ``poll()`` / ``synchronize()``; ``op`` is one of
+``Average``, ``Sum``, ``Min``, ``Max``, ``Product`` (``Adasum`` raises
+NotImplementedError); ``prescale_factor`` multiplies every rank's input
+before the reduction and ``postscale_factor`` the result after it (Sum and
+Average). The out-of-place collectives are differentiable: the backward of
+an allreduce is the same allreduce of the gradient, of an allgather an
+averaging allreduce of the gradient cut back to this rank's rows, of a
+broadcast an averaging allreduce kept on the root only (zero elsewhere), of
+an alltoall the alltoall back, of a reducescatter an allgather of the
+gradient (divided by the set's size for Average).
+
+Only pycomm's public API is used: ``Average`` maps to ``op="avg"``, a
+process set is a ``pycomm.new_group`` group, handles are ``pycomm.Handle``.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Dict, List, Optional
+
+import torch
+
+import pycomm
+
+from .compression import Compression, _is_onebit
+from .process_sets import ProcessSet, _group, global_process_set
+
+# Horovod's ReduceOp values.
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+
+_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
+_PYCOMM_OP = {Average: "avg", Sum: "sum", Min: "min", Max: "max"}
+
+
+class HorovodInternalError(RuntimeError):
+    """Raised when a collective fails (Horovod's name; wraps pycomm.CommError)."""
+
+
+# -- basics --------------------------------------------------------------------
+
+def init(comm=None, process_sets=None) -> None:
+    """Start pycomm (MPI, the engine); ``process_sets``: ProcessSet objects to register right away."""
+    if comm is not None:
+        MPI = pycomm.runtime.mpi()
+        ranks = comm if isinstance(comm, (list, tuple)) else None
+        if ranks is None and comm.Get_size() != MPI.COMM_WORLD.Get_size():
+            raise ValueError("pycomm.horovod.init: comm= must span all of MPI.COMM_WORLD; for a subset use "
+                             "hvd.add_process_set(ranks)")
+        if ranks is not None and sorted(ranks) != list(range(MPI.COMM_WORLD.Get_size())):
+            raise ValueError("pycomm.horovod.init: comm= as a list of ranks must name every rank; for a subset use "
+                             "hvd.add_process_set(ranks)")
+    pycomm.init()
+    if process_sets == "dynamic":
+        return
+    for ps in process_sets or ():
+        from .process_sets import add_process_set
+
+        add_process_set(ps)
+
+
+def shutdown() -> None:
+    from .process_sets import _remove_all
+
+    if pycomm.is_initialized():
+        _remove_all()
+    pycomm.shutdown()
+
+
+def is_initialized() -> bool:
+    return pycomm.is_initialized()
+
+
+def rank() -> int:
+    return pycomm.rank()
+
+
+def size() -> int:
+    return pycomm.size()
+
+
+def local_rank() -> int:
+    return pycomm.local_rank()
+
+
+def local_size() -> int:
+    return pycomm.local_size()
+
+
+def cross_rank() -> int:
+    """Index of this rank's node (Horovod: rank among the ranks with this local rank)."""
+    return pycomm.node_rank()
+
+
+def cross_size() -> int:
+    """Number of nodes holding a rank with this local rank."""
+    return pycomm.cross_comm().Get_size()
+
+
+def is_homogeneous() -> bool:
+    return pycomm.topology().homogeneous
+
+
+def mpi_threads_supported() -> bool:
+    pycomm.topology()
+    return True  # pycomm.init() requires MPI_THREAD_MULTIPLE
+
+
+def mpi_enabled() -> bool:
+    return True
+
+
+def mpi_built() -> bool:
+    return True
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def nccl_built() -> bool:
+    return False
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return bool(pycomm.cuda_built)
+
+
+# -- handles -------------------------------------------------------------------
+
+_handles = itertools.count(1)
+# id -> (pycomm handles, finisher returning the result, tensors the engine uses). Python holds every
+# tensor the engine reads or writes until synchronize(): the engine then never drops the last
+# reference to a tensor that still has a Python object (which would need the GIL on its thread).
+_handle_map: Dict[int, tuple] = {}
+
+
+def _register(handles, finish, keep=()) -> int:
+    h = next(_handles)
+    _handle_map[h] = (list(handles), finish, tuple(keep))
+    return h
+
+
+def poll(handle: int) -> bool:
+    """True once the operation behind `handle` has finished; synchronize() then does not block."""
+    if handle not in _handle_map:
+        raise ValueError(f"pycomm.horovod.poll: unknown handle {handle!r} (already synchronized?)")
+    return all(h.done() for h in _handle_map[handle][0])
+
+
+def synchronize(handle: int):
+    """Wait for the operation behind `handle` and return its result (None for an unknown handle, as Horovod)."""
+    if handle not in _handle_map:
+        return None
+    handles, finish, _keep = _handle_map.pop(handle)
+    try:
+        for h in handles:
+            h.wait()
+    except pycomm.CommError as e:
+        raise HorovodInternalError(str(e)) from e
+    return finish()
+
+
+# -- allreduce -------------------------------------------------------------------
+
+def _resolve_op(average, op, what: str) -> int:
+    if average is not None and op is not None:
+        raise ValueError(f"pycomm.horovod.{what}: give either op= or the deprecated average=, not both")
+    if op is None:
+        op = Sum if average is False else Average
+    if op == Adasum:
+        raise NotImplementedError(f"pycomm.horovod.{what}: op=hvd.Adasum is not implemented by pycomm; use "
+                                  "hvd.Average or hvd.Sum")
+    if op not in _OP_NAMES:
+        raise ValueError(f"pycomm.horovod.{what}: unknown op {op!r}; use hvd.Average, hvd.Sum, hvd.Min, hvd.Max "
+                         "or hvd.Product")
+    return op
+
+
+def _check_scales(op: int, prescale_factor, postscale_factor, what: str) -> None:
+    if op not in (Sum, Average) and (prescale_factor != 1.0 or postscale_factor != 1.0):
+        raise ValueError(f"pycomm.horovod.{what}: prescale_factor/postscale_factor apply to hvd.Sum and "
+                         f"hvd.Average, not to hvd.{_OP_NAMES[op]}")
+
+
+def _allreduce_start(tensor, output, name, op, prescale_factor, postscale_factor, process_set) -> int:
+    """Start tensor -> output (output may be tensor); returns a Horovod handle."""
+    what = "allreduce"
+    _check_scales(op, prescale_factor, postscale_factor, what)
+    group = _group(process_set, what)
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"pycomm.horovod.{what}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if op == Average and not tensor.dtype.is_floating_point:
+        raise TypeError(f"pycomm.horovod.{what}: hvd.Average needs a floating-point tensor, got "
+                        f"{str(tensor.dtype).replace('torch.', '')}; use op=hvd.Sum and divide yourself")
+    if op == Product:
+        n = process_set.size() if process_set is not None else size()
+        flat = tensor.detach().reshape(1, -1).contiguous()
+        hg = pycomm.allgather_async(flat, name=name, group=group)
+
+        def finish_prod():
+            with torch.no_grad():
+                output.copy_(hg.wait().reshape(n, -1).prod(dim=0).view_as(output))
+            return output
+
+        return _register([hg], finish_prod, (flat, output))
+    src = tensor.detach()
+    if prescale_factor != 1.0:
+        src = src * prescale_factor
+        if output is tensor:
+            with torch.no_grad():
+                output.copy_(src)
+            src = output.detach()
+    if not src.is_contiguous():
+        src = src.contiguous()
+    out = output if output.is_contiguous() else torch.empty_like(src)
+    h = pycomm.allreduce_async(src, op=_PYCOMM_OP[op], out=out, name=name, group=group)
+
+    def finish():
+        with torch.no_grad():
+            if out is not output:
+                output.copy_(out)
+            if postscale_factor != 1.0:
+                output.mul_(postscale_factor)
+        return output
+
+    return _register([h], finish, (src, out, output))
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Start an out-of-place allreduce; ``synchronize(handle)`` returns the result (input untouched)."""
+    op = _resolve_op(average, op, "allreduce_async")
+    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    return _allreduce_start(tensor, output, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set: ProcessSet = global_process_set) -> int:
+    """Start an in-place allreduce; ``synchronize(handle)`` returns `tensor`."""
+    op = _resolve_op(average, op, "allreduce_async_")
+    return _allreduce_start(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set: ProcessSet = global_process_set):
+    """In-place allreduce; returns `tensor`."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+
+
+class _Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.op, ctx.pre, ctx.post, ctx.process_set = op, prescale_factor, postscale_factor, process_set
+        return synchronize(allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        if ctx.op not in (Sum, Average):
+            raise RuntimeError(f"pycomm.horovod.allreduce: no gradient for op=hvd.{_OP_NAMES[ctx.op]}; "
+                               "differentiate through hvd.Sum or hvd.Average")
+        grad = synchronize(allreduce_async(grad_output.contiguous(), None, None, ctx.op, ctx.pre, ctx.post,
+                                           ctx.process_set))
+        return grad, None, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set: ProcessSet = global_process_set):
+    """Out-of-place allreduce (default: the average over the process set); differentiable."""
+    op = _resolve_op(average, op, "allreduce")
+    if _is_onebit(compression):
+        _check_scales(op, prescale_factor, postscale_factor, "allreduce")
+        if op not in (Sum, Average):
+            raise ValueError("pycomm.horovod.allreduce: Compression.onebit reduces with hvd.Average or hvd.Sum")
+        if process_set is not global_process_set and process_set is not None:
+            raise ValueError("pycomm.horovod.allreduce: Compression.onebit runs over all ranks (global_process_set)")
+        if not name:
+            raise ValueError("pycomm.horovod.allreduce: Compression.onebit keeps error-feedback state per tensor "
+                             "name; pass name=")
+        src = tensor.detach() * prescale_factor if prescale_factor != 1.0 else tensor.detach()
+        out = torch.empty_like(src)
+        pycomm.allreduce(src.contiguous(), op=_PYCOMM_OP[op], out=out, name=name, compression="onebit")
+        return out.mul_(postscale_factor) if postscale_factor != 1.0 else out
+    compressed, ctx = compression.compress(tensor)
+    reduced = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                            process_set: ProcessSet = global_process_set) -> int:
+    """Start out-of-place allreduces of a list of tensors (they fuse in the engine); synchronize -> list."""
+    op = _resolve_op(average, op, "grouped_allreduce_async")
+    subs = [allreduce_async(t, None, f"{name}.{i}" if name else None, op, prescale_factor, postscale_factor,
+                            process_set) for i, t in enumerate(tensors)]
+    return _register_group(subs)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set: ProcessSet = global_process_set) -> int:
+    op = _resolve_op(average, op, "grouped_allreduce_async_")
+    subs = [allreduce_async_(t, None, f"{name}.{i}" if name else None, op, prescale_factor, postscale_factor,
+                             process_set) for i, t in enumerate(tensors)]
+    return _register_group(subs)
+
+
+def _register_group(subs: List[int]) -> int:
+    handles = [h for s in subs for h in _handle_map[s][0]]
+
+    def finish():
+        return [synchronize(s) for s in subs]
+
+    return _register(handles, finish)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set: ProcessSet = global_process_set):
+    """Out-of-place allreduce of every tensor of the list; differentiable; returns a list."""
+    op = _resolve_op(average, op, "grouped_allreduce")
+    return [allreduce(t, None, f"{name}.{i}" if name else None, compression, op, prescale_factor, postscale_factor,
+                      process_set) for i, t in enumerate(tensors)]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                       process_set: ProcessSet = global_process_set):
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
+                                                process_set))
+
+
+# -- allgather -------------------------------------------------------------------
+
+def allgather_async(tensor, name=None, process_set: ProcessSet = global_process_set) -> int:
+    """Start an allgather (concatenation along dim 0, first dimensions may differ)."""
+    src = tensor.detach().contiguous()
+    h = pycomm.allgather_async(src, name=name, group=_group(process_set, "allgather"))
+    return _register([h], h.wait, (src,))
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        ctx.rows, ctx.process_set = tensor.shape[0], process_set
+        return synchronize(allgather_async(tensor, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
+        rows = synchronize(allgather_async(torch.tensor([ctx.rows], dtype=torch.int64), None, ctx.process_set))
+        me = _set_rank(ctx.process_set)
+        offset = int(rows[:me].sum())
+        return grad.narrow(0, offset, ctx.rows), None, None
+
+
+def allgather(tensor, name=None, process_set: ProcessSet = global_process_set):
+    """Every rank's `tensor` concatenated along dim 0 in rank order; differentiable."""
+    if tensor.dim() == 0:
+        raise ValueError("pycomm.horovod.allgather: tensor is a scalar; give it at least one dimension")
+    return _Allgather.apply(tensor, name, process_set)
+
+
+def _set_rank(process_set) -> int:
+    return rank() if process_set is None or process_set is global_process_set else process_set.rank()
+
+
+def _set_size(process_set) -> int:
+    return size() if process_set is None or process_set is global_process_set else process_set.size()
+
+
+# -- broadcast -------------------------------------------------------------------
+
+def _check_root(root_rank, process_set, what):
+    n = _set_size(process_set)
+    if not isinstance(root_rank, int) or isinstance(root_rank, bool) or not 0 <= root_rank < n:
+        raise ValueError(f"pycomm.horovod.{what}: root_rank={root_rank!r} is not a rank of the process set "
+                         f"(0..{n - 1})")
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set: ProcessSet = global_process_set) -> int:
+    """Start an in-place broadcast from `root_rank`."""
+    _check_root(root_rank, process_set, "broadcast_async_")
+    if not tensor.is_contiguous():
+        raise ValueError(f"pycomm.horovod.broadcast_: tensor{' ' + repr(name) if name else ''} is not contiguous; "
+                         "pass tensor.contiguous() (the in-place result must land in the same memory)")
+    data = tensor.detach()
+    h = pycomm.broadcast_async(data, root=root_rank, name=name, group=_group(process_set, "broadcast"))
+    return _register([h], lambda: tensor, (data, tensor))
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set: ProcessSet = global_process_set) -> int:
+    """Start an out-of-place broadcast; the input is not modified."""
+    _check_root(root_rank, process_set, "broadcast_async")
+    out = tensor.detach().clone(memory_format=torch.contiguous_format)
+    h = pycomm.broadcast_async(out, root=root_rank, name=name, group=_group(process_set, "broadcast"))
+    return _register([h], lambda: out, (out,))
+
+
+def broadcast_(tensor, root_rank, name=None, process_set: ProcessSet = global_process_set):
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root, ctx.process_set = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
+        if _set_rank(ctx.process_set) != ctx.root:
+            grad = torch.zeros_like(grad)
+        return grad, None, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set: ProcessSet = global_process_set):
+    """Root's `tensor` on every rank (out of place); differentiable."""
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
+
+
+# -- alltoall -------------------------------------------------------------------
+
+def _splits_list(splits) -> Optional[List[int]]:
+    if splits is None:
+        return None
+    if isinstance(splits, torch.Tensor):
+        splits = splits.tolist()
+    return [int(s) for s in splits]
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set: ProcessSet = global_process_set) -> int:
+    """Start an alltoall; synchronize returns (output, received_splits)."""
+    group = _group(process_set, "alltoall")
+    n = _set_size(process_set)
+    sp = _splits_list(splits)
+    if sp is None:
+        if tensor.dim() == 0 or tensor.shape[0] % n:
+            raise ValueError(f"pycomm.horovod.alltoall: the first dimension ({tuple(tensor.shape)[:1]}) is not "
+                             f"divisible by {n} ranks; pass splits=")
+        sp = [tensor.shape[0] // n] * n
+    src = tensor.detach().contiguous()
+    h = pycomm.alltoall_async(src, splits=sp, name=name, group=group)
+    # Each rank learns how many rows it receives from every other one.
+    if len(sp) != n:
+        raise ValueError(f"pycomm.horovod.alltoall: splits has {len(sp)} entries; give one per rank ({n})")
+    sent = torch.tensor(sp, dtype=torch.int32)
+    hs = pycomm.alltoall_async(sent, name=f"{name}.splits" if name else None, group=group)
+    return _register([h, hs], lambda: (h.wait(), hs.wait().reshape(-1)), (src, sent))
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.received, ctx.process_set = received, process_set
+        if splits is None:
+            return out
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx, grad_output, *unused):
+        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received, None, ctx.process_set))
+        return grad, None, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set: ProcessSet = global_process_set):
+    """Send splits[j] rows to rank j. Returns the rows received, or (rows, received_splits) when splits is given."""
+    return _Alltoall.apply(tensor, splits, name, process_set)
+
+
+# -- reducescatter ----------------------------------------------------------------
+
+def reducescatter_async(tensor, name=None, op=Average, process_set: ProcessSet = global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0) -> int:
+    """Start a reduce-scatter: rank r gets the reduction of rows part r (torch.tensor_split's cut)."""
+    op = _resolve_op(None, op, "reducescatter")
+    if op not in (Sum, Average, Min, Max):
+        raise ValueError(f"pycomm.horovod.reducescatter: op=hvd.{_OP_NAMES[op]} is not supported; use Average, "
+                         "Sum, Min or Max")
+    _check_scales(op, prescale_factor, postscale_factor, "reducescatter")
+    src = tensor.detach()
+    if prescale_factor != 1.0:
+        src = src * prescale_factor
+    src = src.contiguous()
+    h = pycomm.reduce_scatter_async(src, op=_PYCOMM_OP[op], name=name, group=_group(process_set, "reducescatter"))
+
+    def finish():
+        out = h.wait()
+        return out.mul_(postscale_factor) if postscale_factor != 1.0 else out
+
+    return _register([h], finish, (src,))
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+        ctx.op, ctx.process_set, ctx.pre, ctx.post = op, process_set, prescale_factor, postscale_factor
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        if ctx.op not in (Sum, Average):
+            raise RuntimeError(f"pycomm.horovod.reducescatter: no gradient for op=hvd.{_OP_NAMES[ctx.op]}")
+        grad = synchronize(allgather_async(grad_output.contiguous(), None, ctx.process_set))
+        scale = ctx.pre * ctx.post / (_set_size(ctx.process_set) if ctx.op == Average else 1)
+        return grad * scale if scale != 1 else grad, None, None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
+                  process_set: ProcessSet = global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce over the set, scatter along dim 0 (default Average); differentiable."""
+    if _is_onebit(compression):
+        raise ValueError("pycomm.horovod.reducescatter: Compression.onebit applies to allreduce only")
+    compressed, ctx = compression.compress(tensor)
+    out = _Reducescatter.apply(compressed, name, op, process_set, prescale_factor, postscale_factor)
+    return compression.decompress(out, ctx)
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    pycomm.barrier(group=_group(process_set, "barrier"))
