@@ -123,7 +123,9 @@ def extension():
         define_macros.append(("PYCOMM_WITH_CUDA", "1"))
         # searched after every other include dir, and only by the C++ files (the bindings include ATen/cuda)
         cxx_flags += [f for d in cuda_library_includes() for f in ("-idirafter", d)]
-        nvcc_flags = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo"]  # nvcc has no -g0 (and no -g by default)
+        # No --use_fast_math: it flushes float32 subnormals to zero, so the device cast and
+        # reduce would differ from the CPU kernels. nvcc has no -g0 (and no -g by default).
+        nvcc_flags = ["-O3", "-std=c++17", "-lineinfo"]
         return CUDAExtension(sources=cpp + cu, define_macros=define_macros,
                              extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags}, **kwargs)
     return CppExtension(sources=cpp, define_macros=define_macros, extra_compile_args={"cxx": cxx_flags}, **kwargs)

@@ -1,7 +1,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -76,8 +75,9 @@ std::vector<size_t> allgatherv(const void* send, size_t rows, size_t row_bytes, 
   }
   char* out = static_cast<char*>(allocate(total));
   if (total * esize == 0) return counts;
-  std::memcpy(out + offset[rank], send, bytes[rank]);
 
+  // `send` and `out` may be device memory (CUDA-aware MPI), so the rank's own
+  // block is placed by MPI, never by std::memcpy.
   const size_t test_piece = test_piece_bytes();
   if (test_piece == 0 && total * esize <= static_cast<size_t>(INT_MAX)) {
     std::vector<int> icounts(size), idispl(size);
@@ -85,9 +85,15 @@ std::vector<size_t> allgatherv(const void* send, size_t rows, size_t row_bytes, 
       icounts[r] = static_cast<int>(bytes[r]);
       idispl[r] = static_cast<int>(offset[r]);
     }
-    PYCOMM_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, icounts.data(), idispl.data(), MPI_BYTE, comm));
+    PYCOMM_MPI_CHECK(MPI_Allgatherv(send, icounts[rank], MPI_BYTE, out, icounts.data(), idispl.data(), MPI_BYTE, comm));
   } else {
-    ring_allgatherv(out, offset, bytes, comm, rank, size, test_piece ? test_piece : kPieceBytes);
+    const size_t piece = test_piece ? test_piece : kPieceBytes;
+    for (size_t done = 0; done < bytes[rank]; done += piece) {  // own block: a Sendrecv to self, piece by piece
+      int n = static_cast<int>(std::min(piece, bytes[rank] - done));
+      PYCOMM_MPI_CHECK(MPI_Sendrecv(static_cast<const char*>(send) + done, n, MPI_BYTE, rank, 0x4146,
+                                    out + offset[rank] + done, n, MPI_BYTE, rank, 0x4146, comm, MPI_STATUS_IGNORE));
+    }
+    ring_allgatherv(out, offset, bytes, comm, rank, size, piece);
   }
   return counts;
 }

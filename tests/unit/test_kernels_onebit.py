@@ -116,7 +116,7 @@ def test_mask_keeps_zeros(device, n, chunk):
         mask[:40] = 0  # whole chunks masked out: scale 0
     run_and_check(x, e, chunk, mask, device)
     # bool masks work the same
-    xt, et = torch.from_numpy(x).to(device), torch.from_numpy(e).to(device)
+    xt, et = torch.from_numpy(x).to(device), torch.from_numpy(e.copy()).to(device)
     K.onebit_compress(xt, et, chunk, mask=torch.from_numpy(mask.astype(bool)).to(device))
     assert (et.cpu()[torch.from_numpy(mask) == 0] == 0).all()
 
@@ -209,7 +209,8 @@ def test_cuda_matches_cpu(n, chunk):
     mask = (np.random.default_rng(n).random(n) < 0.9).astype(np.uint8)
     outs = []
     for dev in ("cpu", "cuda"):
-        et = torch.from_numpy(e).to(dev)
+        # e.copy(): on the CPU .to() returns the alias, and the CUDA pass would start from the CPU pass's residual
+        et = torch.from_numpy(e.copy()).to(dev)
         bits, scales = K.onebit_compress(torch.from_numpy(x).to(dev), et, chunk, mask=torch.from_numpy(mask).to(dev))
         outs.append((bits.cpu(), scales.cpu(), et.cpu()))
     assert torch.equal(outs[0][0], outs[1][0])
