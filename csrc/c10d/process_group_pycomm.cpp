@@ -107,6 +107,7 @@ comm::Signature signature(comm::Collective kind, const at::Tensor& t, const char
   comm::Signature s;
   s.kind = static_cast<int32_t>(kind);
   s.dtype = static_cast<int32_t>(dtype_of(t, op));
+  s.device = static_cast<int32_t>(t.is_cuda() ? comm::Device::CUDA : comm::Device::CPU);
   s.numel = t.numel();
   s.ndim = static_cast<int32_t>(t.dim());
   for (int64_t i = 0; i < t.dim() && i < comm::Signature::kMaxDims; ++i) s.dims[i] = t.size(i);

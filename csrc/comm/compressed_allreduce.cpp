@@ -269,6 +269,7 @@ WorkPtr Engine::compressed_allreduce(const CompressedArgs& args, std::shared_ptr
   Signature sig;
   sig.kind = static_cast<int32_t>(Collective::ALLREDUCE);
   sig.dtype = static_cast<int32_t>(args.input.dtype);
+  sig.device = static_cast<int32_t>(args.input.device);
   sig.numel = static_cast<int64_t>(args.input.count);
   sig.ndim = 1;
   sig.dims[0] = sig.numel;

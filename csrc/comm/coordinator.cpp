@@ -70,6 +70,18 @@ void Signature::set_name(const std::string& n) {
   std::memcpy(name, n.data(), std::min(n.size(), sizeof name - 1));
 }
 
+Signature Signature::of(Collective kind, const Buffer& b, const std::vector<int64_t>& shape, const std::string& name) {
+  Signature s;
+  s.kind = static_cast<int32_t>(kind);
+  s.dtype = static_cast<int32_t>(b.dtype);
+  s.device = static_cast<int32_t>(b.device);
+  s.numel = static_cast<int64_t>(b.count);
+  s.ndim = static_cast<int32_t>(shape.size());
+  for (size_t i = 0; i < shape.size() && i < static_cast<size_t>(kMaxDims); ++i) s.dims[i] = shape[i];
+  s.set_name(name);
+  return s;
+}
+
 Signature Signature::cheap() const {
   Signature c = *this;
   std::memset(c.name, 0, sizeof c.name);
@@ -94,6 +106,7 @@ std::string Signature::describe() const {
   }
   if (ndim > kMaxDims) s << ", ...";
   s << "]";
+  if (device == static_cast<int32_t>(Device::CUDA)) s << " on cuda";
   if (ndim > kMaxDims) s << " (" << numel << " elements)";
   if (op >= 0) s << " op=" << (extra == 1 ? "avg" : kernels::reduce_op_name(static_cast<ReduceOp>(op)));
   if (algorithm >= 0) s << " algorithm=" << algorithm_name(static_cast<Algorithm>(algorithm));

@@ -54,11 +54,13 @@ struct Signature {
   int32_t root = -1;
   int32_t ndim = 0;
   int32_t extra = 0;       // allreduce: 1 for op=avg
-  int32_t pad = 0;
+  int32_t device = 0;      // Device: one rank passing CPU memory and another CUDA memory is an error
   int64_t numel = 0;       // -1: not compared (allgather's first dimension may differ)
   int64_t dims[kMaxDims] = {0};
   char name[kNameLen] = {0};
 
+  // kind, dtype, device, element count, shape and name of `b`; op, algorithm and root unset.
+  static Signature of(Collective kind, const Buffer& b, const std::vector<int64_t>& shape, const std::string& name);
   void set_name(const std::string& n);
   // What check_consistency=False still compares: what the data movement
   // needs to stay in bounds (kind, dtype, element count, row shape of an

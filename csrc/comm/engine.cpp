@@ -442,17 +442,6 @@ void Engine::run_fused(const std::vector<Op*>& ops) {
 
 namespace {
 
-Signature signature_of(Collective kind, const Buffer& b, const std::vector<int64_t>& shape, const std::string& name) {
-  Signature s;
-  s.kind = static_cast<int32_t>(kind);
-  s.dtype = static_cast<int32_t>(b.dtype);
-  s.numel = static_cast<int64_t>(b.count);
-  s.ndim = static_cast<int32_t>(shape.size());
-  for (size_t i = 0; i < shape.size() && i < static_cast<size_t>(Signature::kMaxDims); ++i) s.dims[i] = shape[i];
-  s.set_name(name);
-  return s;
-}
-
 std::vector<int64_t> flat_shape(const Buffer& b) { return {static_cast<int64_t>(b.count)}; }
 
 }  // namespace
@@ -462,7 +451,7 @@ WorkPtr Engine::allreduce(const AllreduceArgs& args, std::shared_ptr<void> keepa
     throw CommError("allreduce: input and out must be on the same device");
   Op op;
   op.work = std::make_shared<Work>("allreduce " + args.name, std::move(keepalive));
-  op.sig = signature_of(Collective::ALLREDUCE, args.input, flat_shape(args.input), args.name);
+  op.sig = Signature::of(Collective::ALLREDUCE, args.input, flat_shape(args.input), args.name);
   op.sig.op = static_cast<int32_t>(args.op);
   op.sig.extra = args.average ? 1 : 0;
   op.sig.algorithm = static_cast<int32_t>(args.algorithm);
@@ -483,7 +472,7 @@ WorkPtr Engine::submit_custom(const Signature& sig, std::string description, std
 
 WorkPtr Engine::broadcast(const Buffer& buf, int root, std::string name, std::shared_ptr<void> keepalive,
                           bool blocking) {
-  Signature sig = signature_of(Collective::BROADCAST, buf, flat_shape(buf), name);
+  Signature sig = Signature::of(Collective::BROADCAST, buf, flat_shape(buf), name);
   sig.root = root;
   return submit_custom(sig, "broadcast " + name, std::move(keepalive), [this, buf, root] {
     if (topo_.size == 1 || buf.count == 0) return;
@@ -505,7 +494,7 @@ WorkPtr Engine::allgather(const Buffer& send, size_t rows, std::vector<int64_t> 
                           std::function<void*(size_t)> allocate, std::string name, std::shared_ptr<void> keepalive) {
   std::vector<int64_t> shape{0};
   shape.insert(shape.end(), row_shape.begin(), row_shape.end());
-  Signature sig = signature_of(Collective::ALLGATHER, send, shape, name);
+  Signature sig = Signature::of(Collective::ALLGATHER, send, shape, name);
   sig.numel = -1;  // first dimension may differ per rank
   size_t row_elems = 1;
   for (int64_t d : row_shape) row_elems *= static_cast<size_t>(d);

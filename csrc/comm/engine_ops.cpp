@@ -13,17 +13,6 @@ namespace pycomm {
 namespace comm {
 namespace {
 
-Signature make_signature(Collective kind, const Buffer& b, const std::vector<int64_t>& shape, const std::string& name) {
-  Signature s;
-  s.kind = static_cast<int32_t>(kind);
-  s.dtype = static_cast<int32_t>(b.dtype);
-  s.numel = static_cast<int64_t>(b.count);
-  s.ndim = static_cast<int32_t>(shape.size());
-  for (size_t i = 0; i < shape.size() && i < static_cast<size_t>(Signature::kMaxDims); ++i) s.dims[i] = shape[i];
-  s.set_name(name);
-  return s;
-}
-
 void copy_to_host(MemoryMover& mover, void* host, const void* device, size_t bytes) {
   if (!bytes) return;
   mover.to_host_async(host, device, bytes, 0);
@@ -49,7 +38,7 @@ WorkPtr Engine::reduce_scatter(const ReduceScatterArgs& args, std::shared_ptr<vo
   if (args.algorithm != Algorithm::AUTO && args.algorithm != Algorithm::RING && args.algorithm != Algorithm::MPI)
     throw CommError(std::string("reduce_scatter: algorithm '") + algorithm_name(args.algorithm) +
                     "' is an allreduce algorithm; choose auto, ring or mpi");
-  Signature sig = make_signature(Collective::REDUCE_SCATTER, args.input, args.shape, args.name);
+  Signature sig = Signature::of(Collective::REDUCE_SCATTER, args.input, args.shape, args.name);
   sig.op = static_cast<int32_t>(args.op);
   sig.extra = args.average ? 1 : 0;
   sig.algorithm = static_cast<int32_t>(args.algorithm);
@@ -98,7 +87,7 @@ WorkPtr Engine::alltoall(const AlltoallArgs& args, std::shared_ptr<void> keepali
                     std::to_string(args.row_elems ? args.input.count / args.row_elems : 0));
   std::vector<int64_t> shape{0};
   shape.insert(shape.end(), args.row_shape.begin(), args.row_shape.end());
-  Signature sig = make_signature(Collective::ALLTOALL, args.input, shape, args.name);
+  Signature sig = Signature::of(Collective::ALLTOALL, args.input, shape, args.name);
   sig.numel = -1;  // rows differ per rank
   return submit_custom(sig, "alltoall " + args.name, std::move(keepalive), [this, args] {
     const int size = topo_.size, rank = topo_.rank;

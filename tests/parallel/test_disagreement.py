@@ -56,3 +56,20 @@ def test_check_can_be_switched_off_and_on():
     if size > 1:  # and back on
         with pytest.raises(pycomm.CommError, match="ranks disagree on the call"):
             pycomm.allreduce(torch.ones(7), name=f"switch.again.{rank}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: one rank passes CPU memory, one CUDA")
+def test_cpu_and_cuda_tensors_disagree():
+    # The device is in the signature: CPU on one rank and CUDA on another would take
+    # different data paths, so it is an error, with or without the full check.
+    rank, size = pycomm.rank(), pycomm.size()
+    if size < 2:
+        pytest.skip("needs two ranks to disagree")
+    device = "cuda" if rank == 0 else "cpu"
+    for check in (True, False):
+        pycomm.set_options(check_consistency=check)
+        with pytest.raises(pycomm.CommError, match=r"float32\[6\] on cuda"):
+            pycomm.allreduce(torch.ones(6, device=device), algorithm="ring")
+    pycomm.set_options(check_consistency=True)
+    y = pycomm.allreduce(torch.ones(5), algorithm="ring")
+    assert torch.equal(y, torch.full((5,), float(size)))
