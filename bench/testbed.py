@@ -18,6 +18,9 @@ algorithm x compression pycomm offers and rank 0 prints one row each:
   hierarchical: 2(M-1)/M = 1.0; MPI's own and auto: not known in advance, the
   lower bound for any allreduce between M hosts, 2(M-1)/M, is shown) and w the
   compression's wire fraction (fp16/bf16 1/2, onebit 1/32).
+  Compressed allreduces run with algorithm auto: across hosts of equal size
+  with several ranks each, that is the hierarchical form (float32 inside the
+  host, the wire format only between hosts), so f is hierarchical's.
   The latency term (alpha) is negligible at 64 MiB; reduction and compression
   compute (gamma) are left out, and on a small, shared machine they are not
   negligible (meas/model shows it). "model@link" uses instead of B the rate a
@@ -152,11 +155,13 @@ def measure(args) -> int:
             "model_factor": f * w, "model_time_s": t_model, "model_time_measured_link_s": t_model_meas,
             "model_busbw_gbps": (nbytes / t_model * 2 * (n - 1) / n * 8 / 1e9) if t_model > 0 else float("inf"),
         })
-    # Ratios against baselines of this run: a compressed row against the same algorithm uncompressed,
-    # an uncompressed row against the flat ring.
+    # Ratios against baselines of this run: an uncompressed row against the flat ring; a compressed
+    # row against the uncompressed allreduce of the same schedule (hierarchical when the compressed
+    # one runs the hierarchical form, else the flat ring).
     medians = {(r["algorithm"], r["compression"]): r["time_s"] for r in rows}
+    compressed_form = "hierarchical" if hosts > 1 and rph > 1 else "ring"
     for r in rows:
-        base = ((r["algorithm"], "none") if r["compression"] != "none" else ("ring", "none"))
+        base = (compressed_form, "none") if r["compression"] != "none" else ("ring", "none")
         r["speedup_vs"] = f"{base[0]}/{base[1]}" if base in medians else None
         r["speedup"] = medians[base] / r["time_s"] if base in medians else float("nan")
     if comm.rank == 0:
@@ -181,7 +186,15 @@ def measure(args) -> int:
         print("# bandwidths in Gbit/s; link/S = bytes per host over its link / S (measured, with headers);")
         print("# model f = bytes per direction over the link / S from the alpha-beta model; model ms at the nominal")
         print("# rate, model@link ms at the rate the Sendrecv baseline measured in this run; speedup: time of")
-        print("# ring/none (uncompressed rows) or of the same algorithm uncompressed (compressed rows) / time")
+        print(f"# ring/none (uncompressed rows) or {compressed_form}/none (compressed rows) / time")
+        if args.markdown:
+            print("\n| algorithm | compression | time ms | busbw Gbit/s | link bytes / S | model f | model@link ms "
+                  "| speedup | against |")
+            print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+            for r in rows:
+                print(f"| {r['algorithm']} | {r['compression']} | {r['time_s'] * 1e3:.0f} | {r['busbw_gbps']:.2f} "
+                      f"| {r['link_over_S']:.3f} | {r['model_factor']:.3f} | {r['model_time_measured_link_s'] * 1e3:.0f} "
+                      f"| {r['speedup']:.2f}x | {r['speedup_vs']} |")
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump({"link_gbps": args.link_gbps, "link_measured_gbps": link_meas * 8 / 1e9, "rows": rows},
@@ -200,6 +213,7 @@ def main(argv=None) -> int:
     p.add_argument("--algorithms", nargs="*", default=None, help="subset of pycomm's allreduce algorithms")
     p.add_argument("--compressions", nargs="*", default=None, help="subset of pycomm's compressions")
     p.add_argument("--json", default=None, help="write the rows here (rank 0)")
+    p.add_argument("--markdown", action="store_true", help="also print the table as markdown (the README's)")
     args = p.parse_args(argv)
     from pycomm.testbed import ENV_MARKER, relaunch
 

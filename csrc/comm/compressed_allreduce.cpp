@@ -13,11 +13,16 @@
 #include "../kernels/cpu_dispatch.h"
 #include "../kernels/onebit.h"
 #include "algorithms.h"
-#include "engine.h"
 #include "coordinator.h"
+#include "engine.h"
+#include "shm_window.h"
 
 namespace pycomm {
 namespace comm {
+namespace shm_detail {  // shm_allreduce.cpp
+void reduce_scatter_into_segments(const Buffer& buf, ReduceOp op, ShmWindow& shm);
+void allgather_from_segments(const Buffer& buf, ShmWindow& shm);
+}  // namespace shm_detail
 
 const char* compression_name(Compression c) {
   switch (c) {
@@ -108,6 +113,31 @@ void agree_finite(int bad, MPI_Comm comm, int size, const CompressedArgs& a, con
   throw CommError(msg.str());
 }
 
+[[noreturn]] void throw_fp16_overflow(const CompressedArgs& a) {
+  throw CommError(std::string("pycomm.allreduce(compression='fp16', op='") + (a.average ? "avg" : "sum") + "')" +
+                  (a.name.empty() ? std::string() : " of '" + a.name + "'") +
+                  (a.average ? ": the average, or a partial sum on the way to it, overflowed float16 (beyond "
+                               "65504); nothing was written. Use compression='bf16' (float32's range)."
+                             : ": the sum overflowed float16; nothing was written. Use op='avg' (pre-divides by "
+                               "the number of ranks) or compression='bf16'."));
+}
+
+// 1 if any element of the half buffer is inf or NaN (exponent all ones, for fp16 and bf16 alike).
+int half_has_nonfinite(const void* h, size_t n, DType half) {
+  const uint16_t* v = static_cast<const uint16_t*>(h);
+  const uint16_t exp = half == DType::F16 ? 0x7c00u : 0x7f80u;
+  for (size_t i = 0; i < n; ++i)
+    if ((v[i] & exp) == exp) return 1;
+  return 0;
+}
+
+// The same flag on every rank of `comm`: any rank's.
+int any_rank(int flag, MPI_Comm comm) {
+  int any = flag;
+  PYCOMM_MPI_CHECK(MPI_Allreduce(&flag, &any, 1, MPI_INT, MPI_MAX, comm));
+  return any;
+}
+
 void check_int(size_t bytes, const char* what) {
   if (bytes > static_cast<size_t>(INT32_MAX))
     throw CommError(std::string("compressed allreduce: ") + what + " is larger than 2 GiB per rank");
@@ -153,28 +183,21 @@ void half_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, size_t ri
     // mixed signs a partial sum may overflow although the mean fits. The
     // input had no inf/NaN (checked above), so inf/NaN now is an overflow. The
     // reduced buffer is the same on every rank, so every rank sees this.
-    int overflow = 0;
-    const uint16_t* hv = static_cast<const uint16_t*>(h);
-    for (size_t i = 0; i < n && !overflow; ++i) overflow = (hv[i] & 0x7c00u) == 0x7c00u;
-    if (overflow)
-      throw CommError(std::string("pycomm.allreduce(compression='fp16', op='") + (a.average ? "avg" : "sum") + "')" +
-                      (a.name.empty() ? std::string() : " of '" + a.name + "'") +
-                      (a.average ? ": the average, or a partial sum on the way to it, overflowed float16 (beyond "
-                                   "65504); nothing was written. Use compression='bf16' (float32's range)."
-                                 : ": the sum overflowed float16; nothing was written. Use op='avg' (pre-divides by "
-                                   "the number of ranks) or compression='bf16'."));
+    if (half_has_nonfinite(h, n, half)) throw_fp16_overflow(a);
   }
   kernels::cast_to_float_cpu(h, out, n, half, 1.0f);
 }
 
-void onebit_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, CompressedStats* stats) {
+namespace {
+
+// Steps 1-5 of the header's scheme over `comm`, with the server's weight w
+// (1/N for an average over N ranks, 1 for a sum). Inputs are finite.
+void onebit_two_phase(const CompressedArgs& a, MPI_Comm comm, float weight) {
   int rank = 0, size = 1;
   PYCOMM_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   PYCOMM_MPI_CHECK(MPI_Comm_size(comm, &size));
   const size_t n = a.input.count;
   const OneBitLayout L = onebit_layout(n, size);
-  stats->wire_bytes = compressed_wire_bytes(Compression::ONEBIT, n, size, rank);
-  stats->fp32_ring_bytes = ring_wire_bytes(n, 4, size, rank);
   if (n == 0) return;
 
   const float* x = static_cast<const float*>(a.input.data);
@@ -183,8 +206,6 @@ void onebit_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, Compres
   float* es = static_cast<float*>(a.server_residual.data);
   const uint8_t* mask = static_cast<const uint8_t*>(a.mask.data);
   auto mask_at = [mask](size_t i) { return mask ? mask + i : nullptr; };
-
-  agree_finite(has_nonfinite(x, mask, n), comm, size, a, "inf or NaN");
 
   const size_t B = L.block_bytes(), bits = L.bit_bytes(), m = L.chunk;
   check_int(B, "a 1-bit chunk");
@@ -218,7 +239,6 @@ void onebit_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, Compres
   float my_scale = 0.0f;
   std::memset(mine, 0, bits);
   if (mylen) {
-    const float weight = a.average ? 1.0f / static_cast<float>(size) : 1.0f;
     std::memset(acc, 0, mylen * sizeof(float));
     for (int k = 0; k < size; ++k) {
       const uint8_t* block = recv + static_cast<size_t>(k) * B;
@@ -243,6 +263,82 @@ void onebit_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, Compres
     std::memcpy(&sj, block + bits, sizeof sj);
     kernels::onebit_decompress_cpu(block, &sj, len, m, out + b, mask_at(b));
   }
+}
+
+}  // namespace
+
+void onebit_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, CompressedStats* stats) {
+  int rank = 0, size = 1;
+  PYCOMM_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  PYCOMM_MPI_CHECK(MPI_Comm_size(comm, &size));
+  const size_t n = a.input.count;
+  stats->wire_bytes = compressed_wire_bytes(Compression::ONEBIT, n, size, rank);
+  stats->fp32_ring_bytes = ring_wire_bytes(n, 4, size, rank);
+  if (n == 0) return;
+  agree_finite(has_nonfinite(static_cast<const float*>(a.input.data), static_cast<const uint8_t*>(a.mask.data), n),
+               comm, size, a, "inf or NaN");
+  onebit_two_phase(a, comm, a.average ? 1.0f / static_cast<float>(size) : 1.0f);
+}
+
+void hierarchical_compressed_allreduce(const CompressedArgs& a, const Topology& topo, ShmWindow& shm,
+                                       size_t ring_chunk_bytes, CompressedStats* stats) {
+  const size_t n = a.input.count;
+  const int L = shm.size(), me = shm.rank();
+  int M = 1, cross_rank = 0;
+  PYCOMM_MPI_CHECK(MPI_Comm_size(topo.cross, &M));
+  PYCOMM_MPI_CHECK(MPI_Comm_rank(topo.cross, &cross_rank));
+  const size_t begin = part_begin(n, L, me), len = part_size(n, L, me);
+  stats->wire_bytes = compressed_wire_bytes(a.compression, len, M, cross_rank);
+  stats->fp32_ring_bytes = ring_wire_bytes(n, 4, topo.size, topo.rank);
+  if (n == 0) return;
+  const uint8_t* mask = static_cast<const uint8_t*>(a.mask.data);
+  // 1. Inputs, checked on every rank so that the error names the ranks that passed inf/NaN.
+  agree_finite(has_nonfinite(static_cast<const float*>(a.input.data), mask, n), topo.world, topo.size, a,
+               "inf or NaN");
+  // 2. Slice `me` of the node's float32 sum, in this rank's window segment.
+  shm_detail::reduce_scatter_into_segments(a.input, ReduceOp::SUM, shm);
+  float* shard = reinterpret_cast<float*>(shm.mine()) + begin;
+  const float weight = a.average ? 1.0f / static_cast<float>(topo.size) : 1.0f;
+
+  // 3. The compressed scheme across nodes, on the slice. Every rank learns
+  //    whether any slice overflowed before any output or residual is written.
+  if (a.compression == Compression::ONEBIT) {
+    const uint8_t* slice_mask = mask ? mask + begin : nullptr;
+    if (any_rank(has_nonfinite(shard, slice_mask, len), topo.world))
+      throw CommError("pycomm.allreduce(compression='onebit')" + (a.name.empty() ? std::string() : " of '" + a.name + "'") +
+                      ": the sum of a node's inputs overflowed float32; nothing was reduced and no output or "
+                      "residual was changed.");
+    CompressedArgs c = a;
+    c.input.data = c.output.data = shard;
+    c.input.count = c.output.count = len;
+    c.worker_residual.data = static_cast<float*>(a.worker_residual.data) + begin;
+    c.worker_residual.count = len;
+    c.server_residual.count = onebit_layout(len, M).chunk;  // a prefix of the flat layout's chunk (see header)
+    c.mask.data = const_cast<uint8_t*>(slice_mask);
+    onebit_two_phase(c, topo.cross, weight);
+  } else {
+    const DType half = a.compression == Compression::BF16 ? DType::BF16 : DType::F16;
+    Scratch& s = scratch();
+    std::lock_guard<std::mutex> lock(s.mu);
+    void* h = sized(s.a, len * 2);
+    int overflow = 0;
+    kernels::cast_to_half_cpu(shard, h, len, half, weight, &overflow);  // pre-divided, as in the flat form
+    Buffer hb;
+    hb.data = h;
+    hb.count = len;
+    hb.dtype = half;
+    if (M > 1 && len) ring_allreduce(hb, ReduceOp::SUM, topo.cross, ring_chunk_bytes);
+    overflow |= half_has_nonfinite(h, len, half);
+    if (any_rank(overflow, topo.world)) {
+      if (half == DType::F16) throw_fp16_overflow(a);
+      throw CommError("pycomm.allreduce(compression='bf16')" + (a.name.empty() ? std::string() : " of '" + a.name + "'") +
+                      ": the sum overflowed bfloat16; nothing was written.");
+    }
+    kernels::cast_to_float_cpu(h, shard, len, half, 1.0f);
+  }
+  // 4. Every slice out of the window, into every rank's output.
+  shm.fence();
+  shm_detail::allgather_from_segments(a.output, shm);
 }
 
 WorkPtr Engine::compressed_allreduce(const CompressedArgs& args, std::shared_ptr<void> keepalive, bool blocking) {
@@ -279,9 +375,14 @@ WorkPtr Engine::compressed_allreduce(const CompressedArgs& args, std::shared_ptr
   if (args.mask.data) tag += "+mask";
   sig.set_name(tag + ":" + args.name);
 
-  return submit_custom(sig, "allreduce " + tag + " " + args.name, std::move(keepalive), [this, args] {
+  // Across nodes of equal size with several ranks each, only the cross-node
+  // stage is compressed (hierarchical form); otherwise the flat form over all ranks.
+  const bool across_nodes = topo_.num_nodes > 1 && homogeneous_ && topo_.local_size > 1;
+  return submit_custom(sig, "allreduce " + tag + " " + args.name, std::move(keepalive), [this, args, across_nodes] {
     CompressedStats st;
-    if (args.compression == Compression::ONEBIT)
+    if (across_nodes)
+      hierarchical_compressed_allreduce(args, topo_, shm(), active_.ring_chunk_bytes, &st);
+    else if (args.compression == Compression::ONEBIT)
       onebit_compressed_allreduce(args, topo_.world, &st);
     else
       half_compressed_allreduce(args, topo_.world, active_.ring_chunk_bytes, &st);

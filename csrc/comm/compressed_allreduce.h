@@ -85,5 +85,25 @@ void half_compressed_allreduce(const CompressedArgs& args, MPI_Comm comm, size_t
                                CompressedStats* stats);
 void onebit_compressed_allreduce(const CompressedArgs& args, MPI_Comm comm, CompressedStats* stats);
 
+// Across nodes (the engine's choice when the job spans nodes of equal size
+// with more than one rank each), only the cross-node stage is compressed:
+//   1. every rank checks its own input for inf/NaN, agreed over the world;
+//   2. the node's L ranks sum in float32 through the shm window; local rank l
+//      ends with slice l of the node sum (about n/L elements) in its segment;
+//   3. the compressed scheme above runs on slice l among the M ranks with local
+//      rank l (the cross communicator), weighted 1/N (N = L M ranks) for an
+//      average; an overflow anywhere is agreed over the world before any output
+//      or residual is written;
+//   4. every rank copies the L slices out of the window.
+// Bytes a rank sends across nodes: fp16/bf16 2 (M-1)/M * 2 n/L; onebit
+// 2 (M-1) (ceil(n/8N) + 4) -- against 2 (M-1)/M * 4 n/L for the uncompressed
+// hierarchical allreduce. The residuals keep the flat form's shapes (worker n,
+// server ceil(n/8N)*8): local rank l uses the worker residual of its slice,
+// and a prefix of the server residual (ceil(ceil(n/L)/8M) = ceil(n/8N), so it fits).
+// CompressedStats::wire_bytes counts the cross-node bytes.
+class ShmWindow;
+void hierarchical_compressed_allreduce(const CompressedArgs& args, const Topology& topo, ShmWindow& shm,
+                                       size_t ring_chunk_bytes, CompressedStats* stats);
+
 }  // namespace comm
 }  // namespace pycomm

@@ -47,11 +47,13 @@ def dequantize(pos: np.ndarray, s, kept: np.ndarray) -> np.ndarray:
 
 
 def two_phase(xs: Sequence[np.ndarray], worker_res: Sequence[np.ndarray], server_res: Sequence[np.ndarray],
-              average: bool = True, mask: Optional[np.ndarray] = None):
+              average: bool = True, mask: Optional[np.ndarray] = None, weight: Optional[float] = None):
     """One compressed allreduce of every rank's x.
 
     xs[k], worker_res[k]: rank k's input and worker residual (n floats);
     server_res[j]: rank j's server residual (chunk floats).
+    weight: the server's factor on each rank's term; default 1/world for an
+    average, 1 for a sum (the hierarchical form passes 1/(all ranks)).
     Returns (result, new worker residuals, new server residuals, ambiguous)
     where `ambiguous` marks elements whose server-side value was so close to
     zero (|c| <= 1e-5 s) that its sign is decided by rounding.
@@ -73,7 +75,9 @@ def two_phase(xs: Sequence[np.ndarray], worker_res: Sequence[np.ndarray], server
             pos, s, en, _ = quantize(xs[k][b:e], worker_res[k][b:e], kept_all[b:e])
             bits[k][j], scales[k, j] = pos, s
             new_w[k][b:e] = en
-    weight = F32(1) / F32(world) if average else F32(1)
+    if weight is None:
+        weight = F32(1) / F32(world) if average else F32(1)
+    weight = F32(weight)
     for j in range(world):
         b, e = chunk_range(n, world, j)
         kept = kept_all[b:e]
@@ -92,3 +96,24 @@ def fp16_bound(xs: Sequence[np.ndarray], eps: float) -> np.ndarray:
     world = len(xs)
     mag = np.sum([np.abs(x.astype(np.float64)) for x in xs], axis=0) / world
     return 2 * (world + 1) * eps * mag + 1e-30
+
+
+def node_sums(xs: Sequence[np.ndarray], ranks_per_node: int) -> List[np.ndarray]:
+    """Each node's float32 sum of its ranks' inputs, in the order pycomm's shm
+    reduction adds them: slice l (of ranks_per_node near-equal slices) starts
+    from local rank l's values and adds local ranks l+1, l+2, ... (wrapping)."""
+    n = xs[0].size
+    L = ranks_per_node
+    bounds = [l * (n // L) + min(l, n % L) for l in range(L + 1)]
+    sums = []
+    for node in range(len(xs) // L):
+        local = [np.asarray(xs[node * L + l], F32) for l in range(L)]
+        total = np.empty(n, F32)
+        for l in range(L):
+            b, e = bounds[l], bounds[l + 1]
+            acc = local[l][b:e].copy()
+            for k in range(1, L):
+                acc = (acc + local[(l + k) % L][b:e]).astype(F32)
+            total[b:e] = acc
+        sums.append(total)
+    return sums
