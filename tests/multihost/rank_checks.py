@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import pycomm  # noqa: E402
 from pycomm import collectives  # noqa: E402
 from pycomm.testbed import parse_qdisc_bytes  # noqa: E402
-from compression_ref import layout, two_phase  # noqa: E402
+from compression_ref import layout, onebit_model  # noqa: E402
 
 LINK_BYTES = int(os.environ.get("PYCOMM_MULTIHOST_LINK_BYTES", 8 << 20))
 COUNTS = [0, 1, 7, 1001, 65537, 300_007]  # 0, 1, odd, not divisible by 4 ranks nor by 8/32, several ring chunks
@@ -107,10 +107,14 @@ def check_correct(comm, MPI, algorithm, compression, op):
             # 1-bit: the two-phase model from zero residuals (a fresh name), on the inputs of every rank.
             # Same bound as tests/parallel/test_compression.py: 1e-6 relative (float32 summation order of
             # the scales), except elements whose server-side value is within rounding of zero.
+            # Across hosts the scheme runs on each host's float32 sum (the hierarchical form): the model
+            # follows pycomm's topology (compression_ref.cross_stages).
             _, chunk = layout(count, comm.size)
             xs = [np.asarray(a) for a in comm.allgather(x.numpy())]
             zeros_w, zeros_s = [np.zeros(count, np.float32)] * comm.size, [np.zeros(chunk, np.float32)] * comm.size
-            model, _, _, ambiguous = two_phase(xs, zeros_w, zeros_s, average=(op == "avg"))
+            topo = pycomm.topology()
+            model, _, _, ambiguous = onebit_model(xs, zeros_w, zeros_s, op == "avg", None, topo.num_nodes,
+                                                  topo.local_size, topo.homogeneous)
             err = np.where(ambiguous, 0.0, np.abs(y.numpy().astype(np.float64) - model.astype(np.float64)))
             tol = 1e-6 * np.abs(model.astype(np.float64)) + 1e-30
             ref = model

@@ -117,3 +117,39 @@ def node_sums(xs: Sequence[np.ndarray], ranks_per_node: int) -> List[np.ndarray]
             total[b:e] = acc
         sums.append(total)
     return sums
+
+
+def cross_stages(xs: Sequence[np.ndarray], num_nodes: int, local_size: int, homogeneous: bool):
+    """What pycomm's compressed stage sees. Across nodes of equal size with several ranks each (the
+    hierarchical form): slice l of every node's float32 sum, among the ranks with local rank l;
+    otherwise (one node, nodes of one rank, nodes of different sizes) the flat form: every rank's input
+    among all. Yields (begin, end, member ranks, their inputs for [begin, end))."""
+    n = xs[0].size
+    if num_nodes > 1 and homogeneous and local_size > 1:
+        L, M = local_size, num_nodes
+        sums = node_sums(xs, L)
+        for l in range(L):
+            b, e = l * (n // L) + min(l, n % L), (l + 1) * (n // L) + min(l + 1, n % L)
+            yield b, e, [k * L + l for k in range(M)], [sums[k][b:e] for k in range(M)]
+    else:
+        yield 0, n, list(range(len(xs))), list(xs)
+
+
+def onebit_model(xs, worker_res, server_res, average, mask, num_nodes, local_size, homogeneous):
+    """two_phase() on the stages pycomm runs (cross_stages), with the average's weight 1/(all ranks).
+    Residuals in their flat shapes (worker n, server layout(n, world) chunk). Returns (result, new
+    worker residuals, new server residuals, ambiguous) like two_phase()."""
+    n, world = xs[0].size, len(xs)
+    result, ambiguous = np.zeros(n, F32), np.zeros(n, bool)
+    new_w = [np.array(w, F32, copy=True) for w in worker_res]
+    new_s = [np.array(v, F32, copy=True) for v in server_res]
+    for b, e, members, inputs in cross_stages(xs, num_nodes, local_size, homogeneous):
+        _, chunk = layout(e - b, len(members))
+        r, nw, ns, amb = two_phase(inputs, [worker_res[m][b:e] for m in members],
+                                   [server_res[m][:chunk] for m in members], average=average,
+                                   mask=None if mask is None else mask[b:e],
+                                   weight=F32(1.0 / world) if average else F32(1.0))
+        result[b:e], ambiguous[b:e] = r, amb
+        for i, m in enumerate(members):
+            new_w[m][b:e], new_s[m][:chunk] = nw[i], ns[i]
+    return result, new_w, new_s, ambiguous

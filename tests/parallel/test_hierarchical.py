@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import pycomm
-from compression_ref import layout, node_sums, two_phase
+from compression_ref import cross_stages, layout, onebit_model
 from pycomm.compression import OneBit
 from refdata import assert_close, rank_data
 
@@ -115,19 +115,7 @@ def test_fused_batches_in_the_window(algorithm, op, dtype):
 # ---- compression across nodes: only the cross-node stage is compressed -----------------------------
 
 def compressed_stages(topo, xs):
-    """What the cross-node stage sees, as pycomm schedules it: across nodes of equal size with several
-    ranks each, slice l of every node's float32 sum among the ranks with local rank l; otherwise (one
-    node, nodes of one rank, nodes of different sizes) the flat form: every rank's input among all.
-    Yields (begin, end, member ranks, their inputs for [begin, end))."""
-    n = xs[0].size
-    if topo.num_nodes > 1 and topo.homogeneous and topo.local_size > 1:
-        L, M = topo.local_size, topo.num_nodes
-        sums = node_sums(xs, L)
-        for l in range(L):
-            b, e = l * (n // L) + min(l, n % L), (l + 1) * (n // L) + min(l + 1, n % L)
-            yield b, e, [k * L + l for k in range(M)], [sums[k][b:e] for k in range(M)]
-    else:
-        yield 0, n, list(range(len(xs))), list(xs)
+    return cross_stages(xs, topo.num_nodes, topo.local_size, topo.homogeneous)
 
 
 def to_half(a, compression):
@@ -175,16 +163,8 @@ def test_onebit_across_nodes_with_error_feedback(comm):
             w0 = before[0].numpy().copy() if before else np.zeros(count, np.float32)
             s0 = before[1].numpy().copy() if before else np.zeros(flat_chunk, np.float32)
             xs, ws, ss = ([np.asarray(a) for a in comm.allgather(v)] for v in (x, w0, s0))
-            ref, ref_w, ref_s = np.zeros(count, np.float32), [w.copy() for w in ws], [v.copy() for v in ss]
-            ambiguous = np.zeros(count, bool)
-            for b, e, members, inputs in compressed_stages(topo, xs):
-                _, chunk = layout(e - b, len(members))
-                r, nw, ns, amb = two_phase(inputs, [ws[m][b:e] for m in members], [ss[m][:chunk] for m in members],
-                                           average=average, mask=None if mask is None else mask[b:e],
-                                           weight=np.float32(1.0 / N) if average else np.float32(1.0))
-                ref[b:e], ambiguous[b:e] = r, amb
-                for i, m in enumerate(members):
-                    ref_w[m][b:e], ref_s[m][:chunk] = nw[i], ns[i]
+            ref, ref_w, ref_s, ambiguous = onebit_model(xs, ws, ss, average, mask, topo.num_nodes, topo.local_size,
+                                                        topo.homogeneous)
             got = compressor.allreduce_async(torch.from_numpy(x.copy()), op="avg" if average else "sum", name=name,
                                              mask=None if mask is None else torch.from_numpy(mask)).wait().numpy()
             what = f"onebit [{count}] step {step}"
