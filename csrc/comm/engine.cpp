@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <sstream>
@@ -303,14 +304,35 @@ Algorithm Engine::resolve(Algorithm requested, size_t bytes, const EngineOptions
   return Algorithm::RING;
 }
 
+namespace {
+
+// PYCOMM_DEVICE_CACHE_MB: the most working memory a mover keeps between operations (default 256).
+size_t device_cache_limit() {
+  const char* raw = std::getenv("PYCOMM_DEVICE_CACHE_MB");
+  if (!raw || !*raw) return size_t(256) << 20;
+  char* end = nullptr;
+  unsigned long long mb = std::strtoull(raw, &end, 10);
+  if (*end != '\0' || raw[0] == '-')
+    throw CommError(std::string("PYCOMM_DEVICE_CACHE_MB=") + raw + " must be a whole number of MiB (0: keep nothing)");
+  return static_cast<size_t>(mb) << 20;
+}
+
+}  // namespace
+
 MemoryMover& Engine::mover_for(const Buffer& buf) {
   if (buf.device == Device::CPU) {
-    if (!host_mover_) host_mover_ = std::make_unique<HostMover>();
+    if (!host_mover_) {
+      host_mover_ = std::make_unique<HostMover>();
+      host_mover_->set_cache_limit(device_cache_limit());
+    }
     return *host_mover_;
   }
   const size_t d = static_cast<size_t>(std::max(buf.device_index, 0));
   if (cuda_movers_.size() <= d) cuda_movers_.resize(d + 1);
-  if (!cuda_movers_[d]) cuda_movers_[d] = make_cuda_mover(static_cast<int>(d));
+  if (!cuda_movers_[d]) {
+    cuda_movers_[d] = make_cuda_mover(static_cast<int>(d));
+    cuda_movers_[d]->set_cache_limit(device_cache_limit());
+  }
   return *cuda_movers_[d];
 }
 

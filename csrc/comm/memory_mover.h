@@ -3,7 +3,9 @@
 // place. No MPI or torch here, so the CUDA implementation (staging_cuda.cu)
 // compiles with plain nvcc.
 #pragma once
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "../kernels/dtype.h"
@@ -30,6 +32,58 @@ class MemoryMover {
   virtual void reduce(void* dst, const void* src, size_t count, kernels::DType dtype, kernels::ReduceOp op) = 0;
   virtual void scale(void* dst, size_t count, kernels::DType dtype, double factor) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+
+  // Working memory of the buffer's kind for the operation running now (an
+  // engine runs one operation at a time), kept between operations: a request
+  // that does not fit regrows the block to max(request, 2 x its size), so a
+  // steady stream of allreduces allocates nothing -- on a GPU no cudaMalloc,
+  // and no cudaFree, which synchronises the device. The block never exceeds
+  // the cache limit (PYCOMM_DEVICE_CACHE_MB); a larger request gets memory of
+  // its own, freed when its Lease ends.
+  class Lease {
+   public:
+    Lease(MemoryMover* mover, void* p, bool owned) : mover_(mover), p_(p), owned_(owned) {}
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    Lease(Lease&& o) noexcept : mover_(o.mover_), p_(o.p_), owned_(o.owned_) { o.owned_ = false; }
+    ~Lease() {
+      if (owned_) mover_->free_device(p_);
+    }
+    void* get() const { return p_; }
+
+   private:
+    MemoryMover* mover_;
+    void* p_;
+    bool owned_;
+  };
+  Lease working_memory(size_t bytes) {
+    if (cache_ && bytes <= cache_bytes_) return Lease(this, cache_, false);
+    size_t want = std::max(bytes, cache_bytes_ * 2);
+    if (want > cache_limit_) want = bytes;
+    ++allocations_;
+    if (want > cache_limit_) return Lease(this, alloc_device(want), true);
+    drop_cache();
+    cache_ = alloc_device(want);
+    cache_bytes_ = want;
+    return Lease(this, cache_, false);
+  }
+  size_t cached_bytes() const { return cache_bytes_; }
+  uint64_t allocations() const { return allocations_; }  // blocks allocated by working_memory()
+  void set_cache_limit(size_t bytes) { cache_limit_ = bytes; }
+
+ protected:
+  // Derived destructors call this (free_device is theirs).
+  void drop_cache() {
+    if (cache_) free_device(cache_);
+    cache_ = nullptr;
+    cache_bytes_ = 0;
+  }
+
+ private:
+  void* cache_ = nullptr;
+  size_t cache_bytes_ = 0;
+  size_t cache_limit_ = size_t(256) << 20;
+  uint64_t allocations_ = 0;
 };
 
 // CUDA streams and pinned host memory on `device` (staging_cuda.cu; CUDA builds only).

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "../kernels/reduce.h"
@@ -48,7 +49,8 @@ class RingPass {
     right_ = (rank_ + 1) % size_;
     const size_t slot_bytes = static_cast<size_t>(kRecvWindow) * chunk_elems_ * esize_;
     if (memory_) {
-      device_slots_ = static_cast<char*>(memory_->alloc_device(slot_bytes));
+      device_lease_ = std::make_unique<MemoryMover::Lease>(memory_->working_memory(slot_bytes));
+      device_slots_ = static_cast<char*>(device_lease_->get());
     } else {
       host_slots_.resize(slot_bytes);
     }
@@ -137,12 +139,8 @@ class RingPass {
   std::vector<MPI_Request> send_req_;
   MemoryMover* memory_;
   std::vector<char> host_slots_;
+  std::unique_ptr<MemoryMover::Lease> device_lease_;  // the mover's cached working memory
   char* device_slots_ = nullptr;
-
- public:
-  ~RingPass() {
-    if (device_slots_) memory_->free_device(device_slots_);
-  }
 };
 
 }  // namespace

@@ -34,6 +34,7 @@ HostMover::HostMover() {
 }
 
 HostMover::~HostMover() {
+  drop_cache();
   for (auto& lane : lanes_) {
     {
       std::lock_guard<std::mutex> lock(lane.mu);

@@ -25,6 +25,7 @@ class CudaMover : public MemoryMover {
   }
   ~CudaMover() override {
     cudaSetDevice(device_);
+    drop_cache();
     for (auto& s : streams_) cudaStreamDestroy(s);
   }
   void* alloc_staging(size_t bytes) override {
