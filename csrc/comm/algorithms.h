@@ -38,8 +38,9 @@ std::vector<size_t> allgatherv(const void* send, size_t rows, size_t row_bytes, 
 // [segments[j], segments[j+1]) (N+1 offsets in elements); afterwards rank r's
 // segment r of `buf` holds the reduction over all ranks (other segments hold
 // partial sums). Host memory. Defined in ring_allreduce.cpp.
+// `memory`: as for ring_allreduce (device buffers under a CUDA-aware MPI).
 void ring_reduce_scatter_inplace(const Buffer& buf, const std::vector<size_t>& segments, ReduceOp op, MPI_Comm comm,
-                                 size_t chunk_bytes);
+                                 size_t chunk_bytes, MemoryMover* memory = nullptr);
 
 // Reduce-scatter algorithms (reduce_scatter.cpp). `input` holds every rank's
 // full vector of segments (segment j = [segments[j], segments[j+1]) in
@@ -116,6 +117,19 @@ void shm_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm);
 // `cross_ring` picks pycomm's ring (true) or MPI_Allreduce (false) between nodes.
 void hierarchical_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, MPI_Comm cross, bool cross_ring,
                             size_t chunk_bytes);
+
+// Hierarchical allreduce on device memory handed straight to a CUDA-aware MPI
+// (no host shared memory on that path), all point-to-point:
+//   1. ring reduce-scatter among the node's L ranks over `local` (receive
+//      slots and reductions on the device): local rank l holds slice l of the
+//      node's reduction, about S/L bytes;
+//   2. ring allreduce of slice l among the M ranks with local rank l (`cross`);
+//   3. allgather of the L slices inside the node (MPI_Allgatherv in place).
+// Bytes each rank sends: inside the node 2 (L-1)/L S, across nodes
+// 2 (M-1)/M S/L -- the host form's cross-node traffic, with the node stages
+// moving over the GPUs' own links instead of host memory.
+void device_hierarchical_allreduce(const Buffer& buf, ReduceOp op, MPI_Comm local, MPI_Comm cross, size_t chunk_bytes,
+                                   MemoryMover& memory);
 
 // Group-master form (Jia et al. 2018): reduce inside the node to local rank 0,
 // allreduce among the node masters over `masters` (the cross communicator of

@@ -344,22 +344,37 @@ void Engine::run_allreduce(const AllreduceArgs& a) {
 }
 
 // Device memory with a CUDA-aware MPI: device pointers go straight to MPI
-// (GPUDirect RDMA where the cluster has it) and the ring's reductions run on
-// the GPU. Algorithms that need host shared memory fall back to the ring.
+// (GPUDirect RDMA where the cluster has it) and the reductions run on the GPU.
+// There is no host shared-memory window on this path: `auto` maps shm to the
+// ring and hierarchical_master to hierarchical (its point-to-point device form);
+// naming shm or hierarchical_master explicitly is an error.
 void Engine::run_device_allreduce(const AllreduceArgs& a) {
   const Buffer& out = a.output;
+  Algorithm algo = resolve(a.algorithm, out.bytes(), active_);
+  if (a.algorithm == Algorithm::AUTO) {
+    if (algo == Algorithm::SHM) algo = Algorithm::RING;
+    if (algo == Algorithm::HIERARCHICAL_MASTER) algo = Algorithm::HIERARCHICAL;
+  } else if (algo == Algorithm::SHM || algo == Algorithm::HIERARCHICAL_MASTER) {
+    throw CommError(std::string("allreduce algorithm '") + algorithm_name(algo) +
+                    "' needs a host shared-memory window; device memory under a CUDA-aware MPI runs 'ring', "
+                    "'hierarchical' (point-to-point inside the node) or 'mpi'");
+  }
+  if (algo == Algorithm::HIERARCHICAL && !homogeneous_)
+    throw CommError("allreduce algorithm 'hierarchical' needs the same number of ranks on every node; this job's "
+                    "nodes differ in size (use 'ring' or 'mpi')");
   MemoryMover& gpu = mover_for(out);
   if (out.data != a.input.data && a.input.count) gpu.copy(out.data, a.input.data, a.input.bytes());
   if (out.count == 0 || topo_.size == 1) return;
   const bool half = out.dtype == DType::F16 || out.dtype == DType::BF16;
   const double inv_n = 1.0 / static_cast<double>(topo_.size);
   if (a.average && half) gpu.scale(out.data, out.count, out.dtype, inv_n);
-  const Algorithm algo = resolve(a.algorithm, out.bytes(), active_);
   // MPI has no fp16/bf16 op on devices, and pycomm's NaN-propagating float min/max ops run on the host.
   const bool host_op = half || ((a.op == ReduceOp::MIN || a.op == ReduceOp::MAX) &&
                                 (out.dtype == DType::F32 || out.dtype == DType::F64));
   if (algo == Algorithm::MPI && (!host_op || (out.device == Device::CPU && !half)))
     mpi_allreduce(out, a.op, topo_.world);
+  else if (algo == Algorithm::HIERARCHICAL)
+    device_hierarchical_allreduce(out, a.op, topo_.local, topo_.cross, active_.ring_chunk_bytes, gpu);
   else ring_allreduce(out, a.op, topo_.world, active_.ring_chunk_bytes, &gpu);
   if (a.average && !half) gpu.scale(out.data, out.count, out.dtype, inv_n);
 }

@@ -1,4 +1,7 @@
+#include <climits>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "../kernels/reduce.h"
 #include "algorithms.h"
@@ -39,6 +42,41 @@ void hierarchical_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, MPI_
 
   shm.fence();  // every shard is final before anyone copies it out
   shm_detail::allgather_from_segments(buf, shm);
+}
+
+void device_hierarchical_allreduce(const Buffer& buf, ReduceOp op, MPI_Comm local, MPI_Comm cross, size_t chunk_bytes,
+                                   MemoryMover& memory) {
+  if (buf.count == 0) return;
+  // The allgather counts elements of one contiguous type in ints; checked before anything moves.
+  if (buf.count > static_cast<size_t>(INT_MAX))
+    throw CommError("hierarchical allreduce on device memory: " + std::to_string(buf.count) +
+                    " elements exceed MPI's int counts; use algorithm='ring'");
+  int L = 1, me = 0, M = 1;
+  PYCOMM_MPI_CHECK(MPI_Comm_size(local, &L));
+  PYCOMM_MPI_CHECK(MPI_Comm_rank(local, &me));
+  PYCOMM_MPI_CHECK(MPI_Comm_size(cross, &M));
+  std::vector<size_t> segments;
+  for (int j = 0; j <= L; ++j) segments.push_back(part_begin(buf.count, L, j));
+  if (L > 1) ring_reduce_scatter_inplace(buf, segments, op, local, chunk_bytes, &memory);
+
+  Buffer shard = buf;
+  shard.data = buf.bytes_at(segments[me]);
+  shard.count = segments[me + 1] - segments[me];
+  if (M > 1 && shard.count) ring_allreduce(shard, op, cross, chunk_bytes, &memory);
+  if (L == 1) return;
+
+  std::vector<int> counts(L), displs(L);
+  for (int j = 0; j < L; ++j) {
+    counts[j] = static_cast<int>(segments[j + 1] - segments[j]);
+    displs[j] = static_cast<int>(segments[j]);
+  }
+  MPI_Datatype element;
+  PYCOMM_MPI_CHECK(MPI_Type_contiguous(static_cast<int>(kernels::dtype_size(buf.dtype)), MPI_BYTE, &element));
+  PYCOMM_MPI_CHECK(MPI_Type_commit(&element));
+  const int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data, counts.data(), displs.data(), element,
+                                local);
+  MPI_Type_free(&element);
+  PYCOMM_MPI_CHECK(rc);
 }
 
 void hierarchical_master_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, MPI_Comm masters,

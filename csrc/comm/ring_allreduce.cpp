@@ -154,13 +154,13 @@ void ring_allreduce(const Buffer& buf, ReduceOp op, MPI_Comm comm, size_t chunk_
 }
 
 void ring_reduce_scatter_inplace(const Buffer& buf, const std::vector<size_t>& segments, ReduceOp op, MPI_Comm comm,
-                                 size_t chunk_bytes) {
+                                 size_t chunk_bytes, MemoryMover* memory) {
   int size = 1;
   PYCOMM_MPI_CHECK(MPI_Comm_size(comm, &size));
   if (segments.size() != static_cast<size_t>(size) + 1 || segments.back() != buf.count)
     throw CommError("ring_reduce_scatter: segment table does not match the communicator or the buffer");
   if (size == 1 || buf.count == 0) return;
-  RingPass(buf, op, comm, chunk_bytes, nullptr, &segments).run();
+  RingPass(buf, op, comm, chunk_bytes, memory, &segments).run();
 }
 
 }  // namespace comm

@@ -195,3 +195,34 @@ def test_compressed_inf_is_reported_on_every_rank(comm):
             pycomm.allreduce(x, compression=compression, name="inf")
     y = pycomm.allreduce(torch.ones(5000), compression="fp16", op="sum", name="after")  # the engine goes on
     assert torch.equal(y, torch.full((5000,), float(topo.size)))
+
+
+# ---- device memory under a CUDA-aware MPI (host tensors stand in: force_device_direct) -------------
+
+@pytest.mark.parametrize("algorithm", ["hierarchical", "auto", "shm", "hierarchical_master"])
+def test_device_direct_hierarchical(algorithm, comm):
+    """The device-direct path has no host window: hierarchical runs point-to-point (ring reduce-scatter
+    in the node, ring across nodes, allgather in the node); auto maps shm to the ring and
+    hierarchical_master to hierarchical; naming shm or hierarchical_master is an error."""
+    topo = pycomm.topology()
+    old = pycomm.get_options()
+    pycomm.set_options(force_device_direct=True, ring_chunk_bytes=4096)  # several chunks per slice
+    try:
+        if algorithm in ("shm", "hierarchical_master"):
+            with pytest.raises(pycomm.CommError, match="needs a host shared-memory window"):
+                pycomm.allreduce(torch.ones(10), algorithm=algorithm)
+            return
+        if algorithm == "hierarchical" and not topo.homogeneous:
+            with pytest.raises(pycomm.CommError, match="same number of ranks on every node"):
+                pycomm.allreduce(torch.ones(10), algorithm=algorithm)
+            return
+        for dtype, op in ((torch.float32, "sum"), (torch.float64, "avg"), (torch.bfloat16, "avg"),
+                          (torch.int64, "max")):
+            for count in (1, 5, 1001, 65_537):
+                x = rank_data(topo.rank, count, dtype, seed=90 + count)
+                y = pycomm.allreduce(x.clone(), op=op, algorithm=algorithm)
+                assert_close(y, op, topo.size, dtype, seed=90 + count, what=f"device-direct {algorithm} {op} {dtype}")
+                copies = comm.allgather(y.reshape(-1).view(torch.uint8).numpy().tobytes())
+                assert all(c == copies[0] for c in copies), f"{algorithm}: ranks hold different results"
+    finally:
+        pycomm.set_options(force_device_direct=False, ring_chunk_bytes=old["ring_chunk_bytes"])

@@ -13,13 +13,16 @@ from refdata import rank_data
 FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
-def _algorithms():
+def _algorithms(path="host"):
+    """The algorithms this topology and path run (the device-direct path has no host window:
+    shm and hierarchical_master are refused there, test_hierarchical.py checks that)."""
     topo = pycomm.topology()
+    window = path != "device-direct"
     algos = ["auto", "ring", "mpi"]
-    if topo.num_nodes == 1:
+    if topo.num_nodes == 1 and window:
         algos.append("shm")
     if topo.homogeneous:
-        algos += ["hierarchical", "hierarchical_master"]
+        algos += ["hierarchical", "hierarchical_master"] if window else ["hierarchical"]
     return algos
 
 
@@ -41,7 +44,7 @@ def test_nan_propagates_with_min_and_max_on_every_algorithm(op, dtype, path):
     old = pycomm.get_options()
     pycomm.set_options(**options)
     try:
-        for algorithm in _algorithms():
+        for algorithm in _algorithms(path):
             for count in (5, 1001, 70_000):  # below and above auto's 64 KiB switch to shm/ring
                 x = rank_data(rank, count, dtype, seed=7)
                 if rank == 0:

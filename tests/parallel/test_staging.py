@@ -67,17 +67,19 @@ def test_device_direct_path(algorithm, dtype, op):
         pycomm.set_options(force_device_direct=False, ring_chunk_bytes=old["ring_chunk_bytes"])
 
 
-def test_device_direct_shm_runs_the_ring(comm):
-    """shm needs host shared memory; on the device-direct path it runs the ring
-    (engine.cpp, run_device_allreduce): bitwise the ring's result, not shm's."""
+def test_device_direct_auto_maps_shm_to_the_ring(comm):
+    """shm needs host shared memory: on the device-direct path `auto` runs the ring where it would
+    pick shm (engine.cpp, run_device_allreduce), bitwise the ring's result; naming shm is an error."""
     rank, size = pycomm.rank(), pycomm.size()
     old = pycomm.get_options()
-    x = rank_data(rank, 50_001, torch.float32, seed=91)
+    x = rank_data(rank, 50_001, torch.float32, seed=91)  # 200 KB: above auto's switch from mpi
     try:
         pycomm.set_options(force_device_direct=True, ring_chunk_bytes=4096)
-        via_shm = pycomm.allreduce(x.clone(), algorithm="shm")
+        via_auto = pycomm.allreduce(x.clone(), algorithm="auto")
         via_ring = pycomm.allreduce(x.clone(), algorithm="ring")
+        with pytest.raises(pycomm.CommError, match="'shm' needs a host shared-memory window"):
+            pycomm.allreduce(x.clone(), algorithm="shm")
     finally:
         pycomm.set_options(force_device_direct=False, ring_chunk_bytes=old["ring_chunk_bytes"])
-    assert_close(via_shm, "sum", size, torch.float32, seed=91, what="direct shm")
-    assert torch.equal(via_shm, via_ring)
+    assert_close(via_auto, "sum", size, torch.float32, seed=91, what="direct auto")
+    assert torch.equal(via_auto, via_ring)
