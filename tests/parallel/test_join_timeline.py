@@ -243,6 +243,9 @@ def test_timeline_mid_run_phases_nest_and_fusion_listed(tmp_path):
     for h in hs:
         h.wait()
     pycomm.broadcast(torch.ones(5), root=0, name="tl.bcast")
+    if rank != size - 1:  # the last rank joins first and answers this allreduce
+        pycomm.allreduce(torch.ones(7), name="tl.while_joined", algorithm="ring")
+    assert pycomm.join() == max(size - 2, 0)
     pycomm.stop_timeline()
     pycomm.stop_timeline()  # a second stop does nothing
     assert pycomm.timeline_path() is None
@@ -275,6 +278,11 @@ def test_timeline_mid_run_phases_nest_and_fusion_listed(tmp_path):
     lanes_in = [r for r in ranges if r["lane"] == fused[0]["lane"]]
     assert any(r["name"] == "PACK" for r in lanes_in) and any(r["name"] == "UNPACK" for r in lanes_in), lanes_in
     assert [r["name"] for r in ranges if r["lane"] == "tl.bcast" and r["depth"] == 0] == ["BROADCAST"]
+    joins = [r for r in ranges if r["lane"] == "join"]
+    assert [r["name"] for r in joins if r["depth"] == 0] == ["JOIN"], joins
+    if size > 1 and rank == size - 1:  # the joined rank's answer runs the others' ring inside ANSWER
+        assert any(r["name"] == "ANSWER" and r["parent"] == "JOIN" for r in joins), joins
+        assert any(r["name"] == "RING_ALLREDUCE" and r["parent"] == "ANSWER" for r in joins), joins
 
 
 def test_timeline_from_environment_and_torch_profiler(tmp_path, monkeypatch):
