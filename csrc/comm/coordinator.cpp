@@ -451,6 +451,9 @@ namespace {
 std::string unanswerable(const Signature& s, const std::vector<bool>& joined) {
   switch (static_cast<Collective>(s.kind)) {
     case Collective::ALLREDUCE:
+      if (s.algorithm < 0)  // compressed_allreduce.cpp: no algorithm, the scheme leads the name ("fp16:grad")
+        return "a joined rank cannot answer a compressed allreduce; reduce with compression='none' while ranks "
+               "join";
       if (s.pad & kSignatureDevice)
         return "a joined rank answers allreduces of host (CPU) tensors; this one is in device memory";
       return "";

@@ -127,6 +127,15 @@ def test_unanswerable_operation_is_an_error_on_every_rank():
         with pytest.raises(pycomm.CommError) as e:
             pycomm.broadcast(torch.ones(4), root=size - 1, name="from_joined")
     assert f"its root, rank {size - 1}, has joined and has nothing to send" in str(e.value), str(e.value)
+    # a compressed allreduce (its scheme runs on every rank) cannot be answered either
+    if rank == size - 1:
+        with pytest.raises(pycomm.CommError) as e:
+            pycomm.join()
+    else:
+        with pytest.raises(pycomm.CommError) as e:
+            pycomm.allreduce(torch.ones(64), op="avg", compression="fp16", name="comp")
+    assert "cannot take part in allreduce 'fp16:comp'" in str(e.value), str(e.value)
+    assert "a joined rank cannot answer a compressed allreduce" in str(e.value), str(e.value)
     # nothing stays joined after the errors
     out = pycomm.allreduce(torch.ones(3), op="sum", name="clean")
     assert torch.equal(out, torch.full((3,), float(size)))
