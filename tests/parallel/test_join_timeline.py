@@ -5,14 +5,13 @@ references below are independent of pycomm: a reduction over the ranks that
 have not joined yet, an average divided by their number.
 """
 import json
-import os
 
 import numpy as np
 import pytest
 import torch
 
 import pycomm
-from refdata import magnitude, rank_data, tolerance
+from refdata import rank_data, tolerance
 
 
 def batches_of(r: int) -> int:
