@@ -24,6 +24,8 @@ from .collectives import (
 )
 from .collectives import alltoall, alltoall_async, reduce_scatter, reduce_scatter_async
 from .groups import ProcessGroup, destroy_group, new_group
+from .join import join
+from .timeline import start_timeline, stop_timeline, timeline_path
 from .optimizer import (
     SUPPORTED_COMPRESSION,
     DistributedOptimizer,
@@ -64,5 +66,6 @@ __all__ = [
     "is_initialized", "local_comm", "local_rank", "local_size", "node_rank", "num_nodes", "rank",
     "resolve_algorithm", "set_options", "shutdown", "size", "stats", "topology", "world_comm",
 ]
+__all__ += ["join", "start_timeline", "stop_timeline", "timeline_path"]
 __all__ += ["ProcessGroup", "alltoall", "alltoall_async", "destroy_group", "new_group", "reduce_scatter",
             "reduce_scatter_async"]

@@ -19,6 +19,7 @@ from ._ops import label as _label
 from .compression import Compressor, resolve
 from .groups import ProcessGroup, group_id, group_rank, group_size
 from .runtime import topology
+from .timeline import profiled
 
 Handle = _C.Handle
 
@@ -62,6 +63,7 @@ def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "aut
     return _ops.allreduce_async(tensor, op=op, algorithm=algorithm, out=out, name=name, blocking=_blocking, gid=gid)
 
 
+@profiled("pycomm.allreduce")
 def allreduce(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
               out: Optional[torch.Tensor] = None, name: Optional[str] = None,
               compression: Union[str, Compressor] = "none", group: Optional[ProcessGroup] = None) -> torch.Tensor:
@@ -82,6 +84,7 @@ def broadcast_async(tensor: torch.Tensor, root: int = 0, name: Optional[str] = N
     return _C.broadcast_async(tensor, root, name or "", _blocking, gid)
 
 
+@profiled("pycomm.broadcast")
 def broadcast(tensor: torch.Tensor, root: int = 0, name: Optional[str] = None,
               group: Optional[ProcessGroup] = None) -> torch.Tensor:
     """Broadcast `tensor` from `root` in place; returns it."""
@@ -97,6 +100,7 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None, group: Opt
     return _ops.allgather_async(tensor, name, gid=group_id(group, "allgather"))
 
 
+@profiled("pycomm.allgather")
 def allgather(tensor: torch.Tensor, name: Optional[str] = None, group: Optional[ProcessGroup] = None) -> torch.Tensor:
     """Concatenate every rank's `tensor` along dim 0, in rank order."""
     return allgather_async(tensor, name, group=group).wait()
@@ -110,6 +114,7 @@ def resolve_algorithm(algorithm: str, nbytes: int) -> str:
     return _C.resolve_algorithm(algorithm, int(nbytes))
 
 
+@profiled("pycomm.barrier")
 def barrier(group: Optional[ProcessGroup] = None) -> None:
     """Block until every rank has reached the barrier (after all earlier collectives)."""
     topology()
@@ -147,6 +152,7 @@ def reduce_scatter_async(tensor: torch.Tensor, op: str = "sum", algorithm: str =
     return _C.reduce_scatter_async(tensor, out, rows, reduce_op, op == "avg", algorithm, name or "", _blocking, gid)
 
 
+@profiled("pycomm.reduce_scatter")
 def reduce_scatter(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto", name: Optional[str] = None,
                    group: Optional[ProcessGroup] = None) -> torch.Tensor:
     """This rank's part of the reduction of `tensor` over all ranks; see reduce_scatter_async."""
@@ -179,6 +185,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Optional[Sequence[int]] = None,
     return _C.alltoall_async(tensor, splits, name or "", _blocking, gid)
 
 
+@profiled("pycomm.alltoall")
 def alltoall(tensor: torch.Tensor, splits: Optional[Sequence[int]] = None, name: Optional[str] = None,
              group: Optional[ProcessGroup] = None) -> torch.Tensor:
     """Send splits[j] rows of `tensor` to rank j; return the rows received, in rank order."""

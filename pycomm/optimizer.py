@@ -41,7 +41,9 @@ import torch
 
 from . import collectives
 from . import compression as _compression
+from .join import join as _join
 from .runtime import rank, size, topology
+from .timeline import profiled
 
 #: Compression names DistributedOptimizer accepts (pycomm.compression; a
 #: Compressor instance, or a name added with pycomm.compression.register, works too).
@@ -278,6 +280,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 and b.buffer.device.type == "cpu")
 
     # -- step --------------------------------------------------------------
+    @profiled("pycomm.DistributedOptimizer.synchronize")
     def synchronize(self) -> None:
         """Start the buckets not yet started, wait for all, write reduced gradients to ``p.grad``.
 
@@ -326,6 +329,27 @@ class DistributedOptimizer(torch.optim.Optimizer):
             yield
         finally:
             self._skip_sync = False
+
+    def join(self) -> int:
+        """This rank has run out of batches: take part in the other ranks' gradient reductions until all have.
+
+        ``pycomm.join()`` (Horovod's semantics): while other ranks still step,
+        this rank contributes zero gradients and is counted out of their
+        average, so each of their steps averages over the ranks that had a
+        batch. When every rank has joined, every rank takes the parameters and
+        optimizer state of the rank that joined last (it took every step), so
+        the ranks agree again. Returns that rank. Compressed buckets cannot be
+        answered by a joined rank (pycomm.CommError on every rank): use
+        compression="none" with uneven data.
+        """
+        if self._next_to_start > 0 or any(b.ready for b in self._buckets):
+            raise ValueError(f"DistributedOptimizer.join (rank {rank()}): this rank's gradients of the current "
+                             "iteration are not reduced yet; call step() (or synchronize()) before join()")
+        last = _join()
+        params = [p for g in self.param_groups for p in g["params"]]
+        broadcast_parameters(params, root=last)
+        broadcast_optimizer_state(self._optimizer, root=last)
+        return last
 
     def step(self, closure=None):
         """Reduce the gradients over all ranks (unless synchronize() already did), then step the wrapped optimizer.

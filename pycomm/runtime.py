@@ -190,6 +190,9 @@ def init(ranks_per_node: Optional[int] = None, abort_on_exception: bool = True) 
     # that found different tables (and would pick different algorithms) fail here.
     table = load_table(topo)
     _C.set_options({"auto_table": table or []})
+    from .timeline import start_from_env
+
+    start_from_env(topo.rank)  # PYCOMM_TIMELINE
     atexit.register(shutdown)
     if abort_on_exception:
         _install_abort_hook()
@@ -202,6 +205,7 @@ def shutdown() -> None:
         return
     _remove_abort_hook()
     _C.engine_stop()
+    _C.timeline_stop()  # after the last operation (the shutdown round)
     MPI = mpi()
     if not MPI.Is_finalized():
         for c in (_state.control, _state.cross, _state.local, _state.world):

@@ -30,6 +30,7 @@ void register_compression(pybind11::module_& m);
 void register_kernels(pybind11::module_& m);
 void register_optim(pybind11::module_& m);
 void register_ps(pybind11::module_& m);
+void register_join_timeline(pybind11::module_& m);  // join_timeline.cpp: pycomm.join, the timeline
 
 }  // namespace bindings
 }  // namespace pycomm

@@ -45,6 +45,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pycomm::bindings::register_compression(m);
   pycomm::bindings::register_optim(m);
   pycomm::bindings::register_ps(m);
+  pycomm::bindings::register_join_timeline(m);
 #ifdef PYCOMM_WITH_CUDA
   m.attr("cuda_built") = true;
 #else

@@ -21,16 +21,19 @@ constexpr int kTagText = 103;
 constexpr int kTagStall = 104;
 constexpr int kTagQuery = 105;   // coordinator -> missing rank: what are you doing? (int64 round)
 constexpr int kTagAnswer = 106;  // missing rank -> coordinator: int64 round, then text
+constexpr int kTagJoinOps = 107;  // coordinator -> joined rank: the signatures it answers this round
 constexpr double kAnswerWait_s = 2.0;
 
-enum DecisionStatus : int32_t { kRun = 0, kError = 1, kCoordinatorLeft = 2 };
+// kJoinRun: a joined rank answers `count` operations (signatures follow);
+// kJoinDone: every rank has joined, `count` is the rank that joined last.
+enum DecisionStatus : int32_t { kRun = 0, kError = 1, kCoordinatorLeft = 2, kJoinRun = 3, kJoinDone = 4 };
 
 struct Decision {
   int64_t round;
   int32_t status;  // kRun: run `count` operations; kError / kCoordinatorLeft: error, text follows
   int32_t count;
   int32_t text_len;
-  int32_t pad;
+  int32_t joined;  // ranks inside pycomm.join() this round
 };
 
 const char* kind_name(int32_t kind) {
@@ -47,6 +50,7 @@ const char* kind_name(int32_t kind) {
     case Collective::REDUCE: return "reduce";
     case Collective::GATHER: return "gather";
     case Collective::SCATTER: return "scatter";
+    case Collective::JOIN: return "join";
   }
   return "unknown";
 }
@@ -56,6 +60,12 @@ std::string rank_list(const std::vector<int>& ranks) {
   s << (ranks.size() == 1 ? "rank " : "ranks ");
   for (size_t i = 0; i < ranks.size(); ++i) s << (i ? "," : "") << ranks[i];
   return s.str();
+}
+
+// Whether two ranks made the same call (the whole signature, or what Signature::cheap() keeps).
+bool same_call(const Signature& x, const Signature& y, bool full) {
+  Signature a = full ? x : x.cheap(), b = full ? y : y.cheap();
+  return std::memcmp(&a, &b, sizeof(Signature)) == 0;
 }
 
 void log_line(const std::string& line) {
@@ -94,7 +104,7 @@ std::string Signature::describe() const {
   std::ostringstream s;
   s << kind_name(kind);
   const auto k = static_cast<Collective>(kind);
-  if (k == Collective::BARRIER || k == Collective::SHUTDOWN) return s.str();
+  if (k == Collective::BARRIER || k == Collective::SHUTDOWN || k == Collective::JOIN) return s.str();
   if (k == Collective::OPTIONS) return s.str() + "(" + name + ") #" + std::to_string(static_cast<uint64_t>(numel) % 100000);
   if (name[0]) s << " '" << name << "'";
   s << " " << kernels::dtype_name(static_cast<DType>(dtype)) << "[";
@@ -134,7 +144,15 @@ size_t Coordinator::agree(const std::vector<Signature>& proposal, const char* wh
                           bool full) {
   if (proposal.empty()) throw CommError("pycomm internal error: empty proposal");
   ++round_;
-  if (size_ == 1) return proposal.size();
+  join_ = JoinInfo{};
+  if (size_ == 1) {
+    if (static_cast<Collective>(proposal.front().kind) == Collective::JOIN) {
+      join_.done = true;
+      join_.last_rank = 0;
+      return 1;
+    }
+    return proposal.size();
+  }
   if (!coordinator_left_.empty()) {
     if (static_cast<Collective>(proposal.front().kind) == Collective::SHUTDOWN) return 1;
     throw CommError(std::string(what) + ": cannot run " + proposal.front().describe() + ": " + coordinator_left_);
@@ -303,9 +321,14 @@ size_t Coordinator::coordinate(const std::vector<Signature>& mine, const char* w
     }
     PYCOMM_MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
     for (int r : leaving) left_[r] = true;
+    joined_.assign(static_cast<size_t>(size_), false);  // joined ranks got the error too: their join() ends
+    last_joined_ = -1;
     if (self_leaves) coordinator_left_ = "rank 0, which coordinates pycomm's operations, has left the job";
     throw CommError(text);
   }
+
+  for (int r : staying)
+    if (static_cast<Collective>(all[r].front().kind) == Collective::JOIN) return coordinate_join(all, what, full);
 
   // The operations run now: the longest prefix that every rank has ready.
   size_t count = mine.size();
@@ -319,11 +342,7 @@ size_t Coordinator::coordinate(const std::vector<Signature>& mine, const char* w
     bool agree = true;
     for (int r = 1; r < size_ && agree; ++r) {
       if (left_[r]) continue;
-      if (full) agree = std::memcmp(&all[r][i], &all[0][i], sizeof(Signature)) == 0;
-      else {
-        const Signature a = all[r][i].cheap(), b = all[0][i].cheap();
-        agree = std::memcmp(&a, &b, sizeof(Signature)) == 0;
-      }
+      agree = same_call(all[r][i], all[0][i], full);
     }
     if (agree) continue;
     if (i > 0) {
@@ -408,6 +427,18 @@ size_t Coordinator::follow(const std::vector<Signature>& mine, const StallOption
   if (d.round != static_cast<int64_t>(round_))
     throw CommError("pycomm internal error: coordination rounds out of step (" + std::to_string(d.round) + " vs " +
                     std::to_string(round_) + ")");
+  join_.joined = d.joined;
+  if (d.status == kJoinDone) {
+    join_.done = true;
+    join_.last_rank = d.count;
+    return 1;
+  }
+  if (d.status == kJoinRun) {
+    join_.ops.resize(static_cast<size_t>(d.count));
+    PYCOMM_MPI_CHECK(MPI_Recv(join_.ops.data(), static_cast<int>(join_.ops.size() * sizeof(Signature)), MPI_BYTE, 0,
+                              kTagJoinOps, comm_, MPI_STATUS_IGNORE));
+    return join_.ops.size();
+  }
   if (d.status != kRun) {
     std::string text(static_cast<size_t>(d.text_len), '\0');
     PYCOMM_MPI_CHECK(MPI_Recv(&text[0], d.text_len, MPI_CHAR, 0, kTagText, comm_, MPI_STATUS_IGNORE));
@@ -415,6 +446,140 @@ size_t Coordinator::follow(const std::vector<Signature>& mine, const StallOption
     throw CommError(text);
   }
   return static_cast<size_t>(d.count);
+}
+
+// ---------------------------------------------------------------- join
+//
+// Ranks inside pycomm.join() propose JOIN every round. The others' proposals
+// decide the round as usual (compared among themselves); each joined rank is
+// sent the signatures of the batch and answers it with the identity of the
+// reduction (zeros for sum/avg), and everyone learns how many ranks joined, so
+// an average divides by the ranks that contributed. When every rank proposes
+// JOIN, all are told the rank that joined last and the join ends.
+
+namespace {
+
+// Why a joined rank cannot answer `s` (empty: it can).
+std::string unanswerable(const Signature& s, const std::vector<bool>& joined) {
+  switch (static_cast<Collective>(s.kind)) {
+    case Collective::ALLREDUCE:
+      if (s.algorithm < 0)  // compressed_allreduce.cpp: no algorithm, the scheme leads the name ("fp16:grad")
+        return "a joined rank cannot answer a compressed allreduce; reduce with compression='none' while ranks "
+               "join";
+      if (s.device == static_cast<int32_t>(Device::CUDA))
+        return "a joined rank answers allreduces of host (CPU) tensors; this one is in device memory";
+      return "";
+    case Collective::BROADCAST:
+      if (s.root >= 0 && static_cast<size_t>(s.root) < joined.size() && joined[static_cast<size_t>(s.root)])
+        return "its root, rank " + std::to_string(s.root) + ", has joined and has nothing to send";
+      return "";
+    case Collective::BARRIER: return "";
+    case Collective::ALLGATHER:
+      if (s.ndim > Signature::kMaxDims) return "its rows have more than 6 dimensions";
+      return "";  // a joined rank contributes no rows
+    default:
+      return "a joined rank answers allreduce, broadcast, allgather and barrier only";
+  }
+}
+
+}  // namespace
+
+size_t Coordinator::coordinate_join(const std::vector<std::vector<Signature>>& all, const char* what, bool full) {
+  if (joined_.size() != static_cast<size_t>(size_)) joined_.assign(static_cast<size_t>(size_), false);
+  std::vector<int> active, joining;
+  int newest = -1;
+  for (int r = 0; r < size_; ++r) {
+    if (left_[r]) continue;
+    if (static_cast<Collective>(all[r].front().kind) == Collective::JOIN) {
+      joining.push_back(r);
+      if (!joined_[r]) newest = r;  // of several joining in one round, the highest rank counts as last
+      joined_[r] = true;
+    } else {
+      active.push_back(r);
+    }
+  }
+  if (newest >= 0) last_joined_ = newest;
+  const int32_t njoined = static_cast<int32_t>(joining.size());
+  join_ = JoinInfo{};
+  join_.joined = njoined;
+  if (active.empty()) {  // every rank has joined: the join ends everywhere
+    const int last = last_joined_;
+    joined_.assign(static_cast<size_t>(size_), false);
+    last_joined_ = -1;
+    send_join_decisions(kJoinDone, last, njoined, "", nullptr);
+    join_.done = true;
+    join_.last_rank = last;
+    return 1;
+  }
+
+  // The ranks still running decide, exactly as in coordinate().
+  const std::vector<Signature>& ref = all[active.front()];
+  size_t count = ref.size();
+  for (int r : active) count = std::min(count, all[r].size());
+  std::string error;
+  for (size_t i = 0; i < count && error.empty(); ++i) {
+    bool agree = true;
+    for (int r : active) agree = agree && same_call(all[r][i], ref[i], full);
+    std::string why = agree ? unanswerable(ref[i], joined_) : "";
+    if ((!agree || !why.empty()) && i > 0) {
+      count = i;  // reported in the round in which it comes first
+      break;
+    }
+    if (!agree) {
+      std::map<std::string, std::vector<int>> groups;
+      std::vector<std::string> order;
+      for (int r : active) {
+        std::string d = full ? all[r][i].describe() : all[r][i].cheap().describe();
+        if (!groups.count(d)) order.push_back(d);
+        groups[d].push_back(r);
+      }
+      std::ostringstream msg;
+      msg << what << ": ranks disagree on the call: ";
+      for (size_t g = 0; g < order.size(); ++g)
+        msg << (g ? "; " : "") << rank_list(groups[order[g]]) << " passed " << order[g];
+      msg << " (" << rank_list(joining) << (joining.size() == 1 ? " has" : " have")
+          << " joined). Every rank must make the same collective calls in the same order.";
+      error = msg.str();
+    } else if (!why.empty()) {
+      error = std::string(what) + ": " + rank_list(joining) + (joining.size() == 1 ? " has" : " have") +
+              " joined (pycomm.join()) and cannot take part in " + ref[i].describe() + " submitted by " +
+              rank_list(active) + ": " + why + ".";
+    }
+  }
+  if (!error.empty()) {
+    send_join_decisions(kError, 1, njoined, error, nullptr);
+    joined_.assign(static_cast<size_t>(size_), false);  // every joined rank's join() raises this error
+    last_joined_ = -1;
+    throw CommError(error);
+  }
+  send_join_decisions(kRun, static_cast<int32_t>(count), njoined, "", ref.data());
+  if (joined_[0]) join_.ops.assign(ref.begin(), ref.begin() + static_cast<std::ptrdiff_t>(count));
+  return count;
+}
+
+void Coordinator::send_join_decisions(int32_t status, int32_t count, int32_t joined, const std::string& text,
+                                      const Signature* ops) {
+  std::vector<Decision> ds;
+  ds.reserve(static_cast<size_t>(size_));
+  std::vector<MPI_Request> reqs;
+  for (int r = 1; r < size_; ++r) {
+    if (left_[r]) continue;
+    const int32_t st = status == kRun && joined_[r] ? kJoinRun : status;
+    ds.push_back(Decision{static_cast<int64_t>(round_), st, count, static_cast<int32_t>(text.size()), joined});
+    reqs.emplace_back();
+    PYCOMM_MPI_CHECK(MPI_Isend(&ds.back(), sizeof(Decision), MPI_BYTE, r, kTagDecide, comm_, &reqs.back()));
+    if (!text.empty()) {
+      reqs.emplace_back();
+      PYCOMM_MPI_CHECK(MPI_Isend(text.data(), static_cast<int>(text.size()), MPI_CHAR, r, kTagText, comm_,
+                                 &reqs.back()));
+    }
+    if (st == kJoinRun) {
+      reqs.emplace_back();
+      PYCOMM_MPI_CHECK(MPI_Isend(ops, static_cast<int>(static_cast<size_t>(count) * sizeof(Signature)), MPI_BYTE, r,
+                                 kTagJoinOps, comm_, &reqs.back()));
+    }
+  }
+  PYCOMM_MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
 }
 
 }  // namespace comm

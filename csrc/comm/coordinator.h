@@ -42,6 +42,7 @@ enum class Collective : int32_t {
   OPTIONS = 6,   // set_options: applied at the same point of every rank's queue
   CUSTOM = 7,    // an engine operation defined elsewhere (compressed allreduce)
   REDUCE_SCATTER = 8, ALLTOALL = 9, REDUCE = 10, GATHER = 11, SCATTER = 12,
+  JOIN = 13,     // pycomm.join(): the rank answers the others' operations until every rank has joined
 };
 
 struct Signature {
@@ -69,6 +70,14 @@ struct Signature {
   std::string describe() const;  // e.g. "allreduce 'fc.weight' float16[1000, 3] op=sum algorithm=ring"
 };
 
+// What a join round told this rank (Coordinator::coordinate_join).
+struct JoinInfo {
+  int joined = 0;       // ranks that have joined (pycomm.join()) and contribute nothing this round
+  bool done = false;    // this rank proposed JOIN and every rank has joined
+  int last_rank = -1;   // when done: the rank that joined last
+  std::vector<Signature> ops;  // this rank proposed JOIN: the operations it answers now (the others' batch)
+};
+
 struct StallOptions {
   double warning_s = 60.0;  // report missing ranks after this long (0: never)
   double abort_s = 600.0;   // MPI_Abort the job after this long (0: never)
@@ -89,6 +98,9 @@ class Coordinator {
                bool full = true);
 
   uint64_t rounds() const { return round_; }
+  // After agree(): how many ranks have joined, and for a rank that proposed
+  // JOIN what it answers now (or that every rank has joined).
+  const JoinInfo& join_info() const { return join_; }
 
   // Called by an idle engine between operations: answer the coordinator's
   // stall query, if one came, with `status()`. Cheap (one MPI_Iprobe).
@@ -99,12 +111,20 @@ class Coordinator {
   size_t follow(const std::vector<Signature>& mine, const StallOptions& stall);
   // Ask `ranks` what they are doing; wait up to `wait_s` for the answers.
   std::vector<std::string> ask(const std::vector<int>& ranks, double wait_s);
+  // Rank 0, a round in which some ranks propose JOIN (coordinator_join.cpp).
+  size_t coordinate_join(const std::vector<std::vector<Signature>>& all, const char* what, bool full);
+  // Rank 0: send every other rank the decision (plus `text`, or to the joined ranks `ops`).
+  void send_join_decisions(int32_t status, int32_t count, int32_t joined, const std::string& text,
+                           const Signature* ops);
 
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   uint64_t round_ = 0;
   std::vector<bool> left_;        // rank 0: ranks that have left the job
   std::string coordinator_left_;  // other ranks: why rank 0 is gone (empty while it is here)
+  std::vector<bool> joined_;      // rank 0: ranks inside pycomm.join()
+  int last_joined_ = -1;          // rank 0: the rank that joined last
+  JoinInfo join_;
 };
 
 // Wait politely: spin briefly, then yield, then sleep in short steps, so a

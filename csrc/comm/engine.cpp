@@ -12,11 +12,26 @@
 #include "mpi_types.h"
 #include "shm_window.h"
 #include "staging.h"
+#include "timeline.h"
 
 namespace pycomm {
 namespace comm {
 
 constexpr size_t kMaxFusedOps = 128;  // tensors per fused batch (bounds the coordination message)
+
+namespace {
+// The timeline's name for an allreduce algorithm's range.
+const char* algorithm_phase(Algorithm a) {
+  switch (a) {
+    case Algorithm::RING: return "RING_ALLREDUCE";
+    case Algorithm::MPI: return "MPI_ALLREDUCE";
+    case Algorithm::SHM: return "SHM_ALLREDUCE";
+    case Algorithm::HIERARCHICAL: return "HIERARCHICAL_ALLREDUCE";
+    case Algorithm::HIERARCHICAL_MASTER: return "HIERARCHICAL_MASTER_ALLREDUCE";
+    default: return "ALLREDUCE";
+  }
+}
+}  // namespace
 
 const char* algorithm_name(Algorithm a) {
   switch (a) {
@@ -254,12 +269,17 @@ size_t Engine::execute(std::vector<Op*>& batch) {
   // on every rank instead of overrunning a buffer, and ranks that left are
   // noticed. The shutdown round waits without stall reports: ranks may
   // legitimately finish at different times.
+  if (static_cast<Collective>(batch.front()->sig.kind) == Collective::JOIN) return execute_join(batch);
   size_t count = 1;
   std::exception_ptr error;
+  std::vector<Signature> proposal;
+  proposal.reserve(batch.size());
+  for (Op* op : batch) proposal.push_back(op->sig);
+  std::vector<timeline::Clock::time_point> submitted;
+  if (timeline::on())
+    for (Op* op : batch) submitted.push_back(op->submitted);
+  timeline::Batch tl(proposal, submitted);
   try {
-    std::vector<Signature> proposal;
-    proposal.reserve(batch.size());
-    for (Op* op : batch) proposal.push_back(op->sig);
     const char* what = batch.front()->fusable ? "pycomm.allreduce" : "pycomm";
     const bool leaving = static_cast<Collective>(batch.front()->sig.kind) == Collective::SHUTDOWN;
     count = coordinator_.agree(proposal, what, leaving ? StallOptions{0.0, 0.0} : active_.stall,
@@ -268,9 +288,13 @@ size_t Engine::execute(std::vector<Op*>& batch) {
     error = std::current_exception();
     count = 1;
   }
+  tl.decided(count);
   if (!error) {
     try {
-      if (count == 1) {
+      const int joined = coordinator_.join_info().joined;
+      if (joined > 0) {
+        run_with_joined(batch, count, joined);
+      } else if (count == 1) {
         Op* op = batch.front();
         if (op->fusable) run_allreduce(op->allreduce);
         else op->body();
@@ -413,6 +437,7 @@ void Engine::run_host_allreduce(const AllreduceArgs& a) {
   const double inv_n = 1.0 / static_cast<double>(topo_.size);
   if (a.average && half) kernels::scale_cpu(out.data, out.count, out.dtype, inv_n);
 
+  timeline::Phase phase(timeline::on() ? algorithm_phase(algo) : nullptr);
   switch (algo) {
     case Algorithm::RING: ring_allreduce(out, a.op, topo_.world, active_.ring_chunk_bytes); break;
     case Algorithm::MPI: mpi_allreduce(out, a.op, topo_.world); break;
@@ -455,11 +480,13 @@ void Engine::run_fused(const std::vector<Op*>& ops) {
     t.dtype = dtype;
     t.world_size = topo_.size;
     const double scale = head.average && !half ? 1.0 / static_cast<double>(topo_.size) : 1.0;
+    timeline::Phase phase("SHM_FUSED_ALLREDUCE");
     windowed_fused_allreduce(t, head.op, head.average && half, scale, shm(), hier ? topo_.cross : MPI_COMM_NULL,
                              active_.ring_chunk_bytes);
     return;
   }
   if (fusion_buffer_.size() < bytes) fusion_buffer_.resize(bytes);
+  timeline::Phase phase("PACK");
   // One pack in batch order (the same on every rank), one allreduce, one
   // unpack with the average's 1/N fused in (fp16/bf16 are pre-divided instead).
   kernels::fusion_pack_cpu(srcs.data(), counts.data(), counts.size(), fusion_buffer_.data(), dtype);
@@ -471,7 +498,9 @@ void Engine::run_fused(const std::vector<Op*>& ops) {
     fused.average = false;
     unpack_scale = 1.0 / static_cast<double>(topo_.size);
   }
+  phase.next(nullptr);
   run_allreduce(fused);
+  phase.next("UNPACK");
   kernels::fusion_unpack_cpu(fusion_buffer_.data(), dsts.data(), counts.data(), counts.size(), dtype, unpack_scale);
 }
 

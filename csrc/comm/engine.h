@@ -137,6 +137,12 @@ class Engine {
   WorkPtr allgather(const Buffer& send, size_t rows, std::vector<int64_t> row_shape,
                     std::function<void*(size_t)> allocate, std::string name, std::shared_ptr<void> keepalive);
   WorkPtr barrier(bool blocking = false);
+  // pycomm.join() (engine_join.cpp): this rank has no more work; until every
+  // rank has joined it answers the others' allreduces (with the reduction's
+  // identity: zeros for sum/avg, counted out of the average), broadcasts,
+  // allgathers (no rows) and barriers. Sets `*last_rank` to the rank that
+  // joined last. Blocks until every rank has joined.
+  WorkPtr join(std::shared_ptr<int> last_rank, bool blocking = true);
   // A caller waits for queued work: stop holding allreduces back for fusion
   // partners (the cycle time) and run what is queued now.
   void flush();
@@ -182,6 +188,13 @@ class Engine {
   // Coordinate and run `batch` (taken from the queue head); returns how many ran.
   size_t execute(std::vector<Op*>& batch);
   void run_fused(const std::vector<Op*>& ops);
+  // engine_join.cpp: the join loop, a joined rank's answer to the others'
+  // batch, and a batch run while `joined` ranks contribute nothing.
+  size_t execute_join(std::vector<Op*>& batch);
+  void answer_joined(const std::vector<Signature>& ops);
+  void run_with_joined(std::vector<Op*>& batch, size_t count, int joined);
+  int join_last_ = -1;
+  std::vector<char> join_scratch_;
   bool compatible(const Op& head, const Op& next) const;
 
   Topology topo_;

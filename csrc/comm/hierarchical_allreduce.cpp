@@ -6,6 +6,7 @@
 #include "../kernels/reduce.h"
 #include "algorithms.h"
 #include "shm_window.h"
+#include "timeline.h"
 
 namespace pycomm {
 namespace comm {
@@ -31,7 +32,9 @@ void hierarchical_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, MPI_
   if (buf.count == 0) return;
   const int L = shm.size(), me = shm.rank();
   if (L == 1) return cross_allreduce(buf, op, cross, cross_ring, chunk_bytes);
+  timeline::Phase phase("LOCAL_REDUCE_SCATTER");
   shm_detail::reduce_scatter_into_segments(buf, op, shm);
+  phase.next("CROSS_NODE");
 
   // This rank's shard of the node sum, reduced with the same shard of every other node.
   Buffer shard = buf;
@@ -41,6 +44,7 @@ void hierarchical_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, MPI_
   cross_allreduce(shard, op, cross, cross_ring, chunk_bytes);
 
   shm.fence();  // every shard is final before anyone copies it out
+  phase.next("LOCAL_ALLGATHER");
   shm_detail::allgather_from_segments(buf, shm);
 }
 

@@ -4,6 +4,7 @@
 
 #include "../kernels/reduce.h"
 #include "algorithms.h"
+#include "timeline.h"
 
 namespace pycomm {
 namespace comm {
@@ -64,7 +65,9 @@ class RingPass {
       for (size_t c = 0; c < chunks_of(recv_seg(t)); ++c) order.emplace_back(t, c);
     std::vector<MPI_Request> recv_req(order.size(), MPI_REQUEST_NULL);
     size_t posted = 0;
+    timeline::Phase phase("REDUCE_SCATTER");  // steps below N-1; then the allgather
     for (size_t i = 0; i < order.size(); ++i) {
+      if (order[i].first == size_ - 1 && (i == 0 || order[i - 1].first < size_ - 1)) phase.next("ALLGATHER");
       while (posted < order.size() && posted < i + kRecvWindow) {
         post_recv(order[posted].first, order[posted].second, posted % kRecvWindow, &recv_req[posted]);
         ++posted;

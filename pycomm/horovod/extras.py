@@ -7,25 +7,21 @@ import pycomm
 def join(device=-1) -> int:
     """This rank has no more batches: answer the others' allreduces with zeros until every rank joined.
 
-    Returns the rank that joined last (Horovod's join). `device` is accepted for
-    Horovod compatibility (the zero buffers match each operation's tensors).
+    Returns the rank that joined last (Horovod's join); see pycomm.join. `device`
+    is accepted for Horovod compatibility (a joined rank answers with host buffers).
     """
-    fn = getattr(pycomm, "join", None)
-    if fn is None:
-        raise NotImplementedError("hvd.join: this pycomm build has no pycomm.join")
-    return fn()
+    del device
+    return pycomm.join()
 
 
 def start_timeline(file_path, mark_cycles=False) -> None:
-    """Write a Chrome-trace timeline of pycomm's operations to `file_path` (pycomm.start_timeline)."""
-    fn = getattr(pycomm, "start_timeline", None)
-    if fn is None:
-        raise NotImplementedError("hvd.start_timeline: this pycomm build has no timeline (pycomm.start_timeline)")
-    fn(file_path)
+    """Write a Chrome-trace timeline of pycomm's operations (pycomm.start_timeline).
+
+    Unlike Horovod's single file from rank 0, every rank writes its own:
+    `file_path` with ".rank<r>" before the extension.
+    """
+    pycomm.start_timeline(file_path, mark_cycles=mark_cycles)
 
 
 def stop_timeline() -> None:
-    fn = getattr(pycomm, "stop_timeline", None)
-    if fn is None:
-        raise NotImplementedError("hvd.stop_timeline: this pycomm build has no timeline (pycomm.stop_timeline)")
-    fn()
+    pycomm.stop_timeline()

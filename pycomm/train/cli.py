@@ -117,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch-size", type=int, default=16, help="minibatch per rank (default 16)")
     g.add_argument("--epochs", type=int, default=5)
     g.add_argument("--seed", type=int, default=0, help="model init and data order (default 0)")
+    g.add_argument("--every-sample", action="store_true",
+                   help="use every training sample each epoch: the first (samples mod ranks) ranks get one sample "
+                        "more, so ranks may have different numbers of batches; a rank that runs out joins "
+                        "(pycomm.join) and is counted out of the others' gradient average "
+                        "(--algorithm ssgd, sgd-style local optimizers, --compression none, fp32). Default: every "
+                        "rank takes samples // ranks and the remainder is left out")
     g.add_argument("--dataset", default="digits", help="digits | synthetic | npz:PATH (default digits)")
     g.add_argument("--model", default="mlp", help=f"one of {', '.join(MODELS)} (default mlp)")
 
@@ -226,6 +232,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                 "does not apply")
     if args.eval_every < 0:
         p.error("--eval-every must be >= 0")
+    if args.every_sample:
+        if args.algorithm != "ssgd" or args.optimizer in SELF_REDUCING or args.precision != "fp32":
+            p.error("--every-sample needs --algorithm ssgd with DistributedOptimizer (not a self-reducing optimizer, "
+                    "fp32): a rank that has run out of batches joins the gradient allreduces of the others")
+        if getattr(args, "compression", "none") != "none":
+            p.error(f"--every-sample: a rank that has joined cannot answer compressed allreduces; "
+                    f"--compression {args.compression} does not apply")
+        if args.checkpoint_every:
+            p.error("--every-sample: ranks end an epoch after different numbers of steps; checkpoint per epoch "
+                    "(leave out --checkpoint-every)")
     try:
         args.straggler = parse_straggler(args.straggler)
     except ValueError as e:

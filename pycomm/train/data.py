@@ -12,6 +12,8 @@ Sharding: each epoch draws one permutation of the training set from
 (seed, epoch), drops the last ``n mod N`` samples so that every rank gets
 the same number, and gives rank k the k-th contiguous slice. Every rank
 computes the same permutation; no communication is needed.
+``--every-sample`` keeps every sample instead: the first ``n mod N`` ranks
+take one more, so a rank may have one batch fewer and joins (pycomm.join).
 """
 from __future__ import annotations
 
@@ -161,6 +163,15 @@ def epoch_shard(n_train: int, world_size: int, rank: int, seed: int, epoch: int)
     perm = np.random.default_rng([seed, epoch]).permutation(n_train)
     per = shard_size(n_train, world_size)
     return perm[rank * per:(rank + 1) * per]
+
+
+def every_sample_shard(n_train: int, world_size: int, rank: int, seed: int, epoch: int) -> np.ndarray:
+    """Rank `rank`'s shard when every sample is used: contiguous slices of the (seed, epoch) permutation
+    whose sizes differ by at most one (the first n_train % world_size ranks take one more)."""
+    perm = np.random.default_rng([seed, epoch]).permutation(n_train)
+    base, rem = divmod(n_train, world_size)
+    begin = rank * base + min(rank, rem)
+    return perm[begin:begin + base + (1 if rank < rem else 0)]
 
 
 def steps_per_epoch(n_train: int, world_size: int, batch_size: int) -> int:

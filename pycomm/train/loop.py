@@ -25,7 +25,7 @@ import pycomm
 from .. import algorithms
 from . import bandwidth, checkpoint
 from .cli import UsageError
-from .data import DataError, Dataset, check_batch, epoch_shard, load_dataset, steps_per_epoch
+from .data import DataError, Dataset, check_batch, epoch_shard, every_sample_shard, load_dataset, steps_per_epoch
 from .metrics import accuracy, epoch_line, fingerprint
 from .models import build_model
 from .optimizers import SELF_REDUCING, build_optimizer
@@ -34,8 +34,8 @@ CRASH_STATUS = 75
 
 # Options that define the training trajectory; a resumed run must match them.
 RESUME_KEYS = ("algorithm", "algorithm_config", "optimizer", "lr", "momentum", "sgd_nesterov", "weight_decay",
-               "batch_size", "seed", "dataset", "model", "precision", "freeze_step")
-RESUME_DEFAULTS = {"precision": "fp32", "freeze_step": None}
+               "batch_size", "seed", "dataset", "model", "precision", "freeze_step", "every_sample")
+RESUME_DEFAULTS = {"precision": "fp32", "freeze_step": None, "every_sample": False}
 
 
 def seed_everything(seed: int) -> None:
@@ -45,7 +45,7 @@ def seed_everything(seed: int) -> None:
 
 
 def _run_identity(args) -> Dict[str, Any]:
-    return {k: getattr(args, k) for k in RESUME_KEYS}
+    return {k: getattr(args, k, RESUME_DEFAULTS.get(k)) for k in RESUME_KEYS}
 
 
 def train(args) -> Dict[str, Any]:
@@ -71,6 +71,9 @@ def train(args) -> Dict[str, Any]:
 
     n_train = len(data.y_train)
     spe = steps_per_epoch(n_train, world, args.batch_size)
+    every_sample = getattr(args, "every_sample", False)
+    if every_sample:  # rank 0 has the largest shard, ceil(n / world) samples
+        spe = (-(-n_train // world) + args.batch_size - 1) // args.batch_size
     total_steps = spe * args.epochs
     # onebit_adam/onebit_lamb: by default 15% of the run's steps are full-precision warm-up
     freeze_step = getattr(args, "freeze_step", None)
@@ -168,8 +171,12 @@ def train(args) -> Dict[str, Any]:
     model.train()
     while state["epoch"] < args.epochs:
         epoch = state["epoch"]
-        idx = torch.from_numpy(epoch_shard(n_train, world, rank, args.seed, epoch))
-        for s in range(state["step_in_epoch"], spe):
+        if every_sample:
+            idx = torch.from_numpy(every_sample_shard(n_train, world, rank, args.seed, epoch))
+        else:
+            idx = torch.from_numpy(epoch_shard(n_train, world, rank, args.seed, epoch))
+        my_steps = (len(idx) + args.batch_size - 1) // args.batch_size  # spe, or one less with --every-sample
+        for s in range(state["step_in_epoch"], my_steps):
             b = idx[s * args.batch_size:(s + 1) * args.batch_size]
             x, y = data.x_train[b], data.y_train[b]
             t_compute = time.perf_counter()
@@ -201,6 +208,10 @@ def train(args) -> Dict[str, Any]:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(CRASH_STATUS)
+        if every_sample:
+            # Ranks with fewer batches answer the others' gradient allreduces with zeros (counted out of the
+            # average) until all are done; then every rank takes the model of the last rank to finish.
+            algo.optimizer.join()
         # End of epoch: mean train loss over all ranks (a metrics allreduce, not a training sync).
         tot = torch.tensor([state["loss_sum"], float(state["loss_count"])], dtype=torch.float64)
         pycomm.allreduce(tot, op="sum", algorithm="mpi", name="train.metrics")

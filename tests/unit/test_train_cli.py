@@ -38,6 +38,15 @@ def test_option_not_belonging_to_algorithm(capsys):
     assert "--momentum applies to sgd, rmsprop and lars, not to adam" in err
 
 
+def test_every_sample_needs_ssgd_uncompressed_per_epoch_checkpoints(capsys):
+    assert "--every-sample needs --algorithm ssgd" in error_of(capsys, ["--every-sample", "--algorithm", "easgd"])
+    assert "--every-sample needs --algorithm ssgd" in error_of(capsys, ["--every-sample", "--precision", "fp16"])
+    err = error_of(capsys, ["--every-sample", "--compression", "fp16"])
+    assert "cannot answer compressed allreduces" in err, err
+    err = error_of(capsys, ["--every-sample", "--checkpoint-dir", "/tmp/x", "--checkpoint-every", "5"])
+    assert "checkpoint per epoch" in err, err
+
+
 def test_bad_npz(capsys, tmp_path):
     err = error_of(capsys, ["--dataset", f"npz:{tmp_path}/none.npz", *FAST])
     assert f"npz file '{tmp_path}/none.npz' does not exist" in err
