@@ -163,7 +163,14 @@ class C10dImpl:
 def c10d_overhead(comm, sizes_, iters):
     """Per call: dist.all_reduce over backend "pycomm" minus pycomm.allreduce (algorithm auto), the two
     interleaved call by call (so load changes hit both alike); medians of the slowest rank's times and
-    of the per-pair differences."""
+    of the per-pair differences.
+
+    The difference is split in two, timed in the same rounds: `backend` calls the C++ backend object
+    directly (ProcessGroupPycomm.allreduce([x], opts).wait(): pybind, the backend's checks, its Work
+    and future) and `wrapper` is what dist.all_reduce adds on top (torch's Python function and its
+    ProcessGroup dispatch). `fake_us` is dist.all_reduce on torch's fake backend, which communicates
+    nothing: torch's own per-call cost, a floor no backend goes below."""
+    import importlib
     import statistics
 
     from mpi4py import MPI
@@ -174,27 +181,45 @@ def c10d_overhead(comm, sizes_, iters):
     if not dist.is_initialized():
         dist.init_process_group("pycomm")
     group = None if dist.get_backend() == "pycomm" else dist.new_group(backend="pycomm")
+    backend = (group or dist.group.WORLD)._get_backend(torch.device("cpu"))
+    opts = dist.AllreduceOptions()
+    try:
+        importlib.import_module("torch.testing._internal.distributed.fake_pg")  # registers backend "fake"
+
+        fake = dist.new_group(backend="fake")
+    except Exception as e:  # noqa: BLE001  (an internal torch module: report, do not fail the bench)
+        if comm.rank == 0:
+            print(f"# torch's fake backend is not available ({e}); fake_us not measured")
+        fake = None
+
+    def timed(fn):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        fn()
+        return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+
     rows = []
     for nbytes in sizes_:
         x = torch.ones(nbytes // 4)
-        a, b = [], []
+        a, b, c, f = [], [], [], []
         for i in range(iters + 5):
-            comm.Barrier()
-            t0 = time.perf_counter()
-            pycomm.allreduce(x)
-            t1 = time.perf_counter()
-            comm.Barrier()
-            t2 = time.perf_counter()
-            dist.all_reduce(x, group=group)
-            t3 = time.perf_counter()
-            ta, tb = comm.allreduce(t1 - t0, op=MPI.MAX), comm.allreduce(t3 - t2, op=MPI.MAX)
+            ta = timed(lambda: pycomm.allreduce(x))
+            tc = timed(lambda: backend.allreduce([x], opts).wait())
+            tb = timed(lambda: dist.all_reduce(x, group=group))
+            tf = timed(lambda: dist.all_reduce(x, group=fake)) if fake is not None else float("nan")
             if i >= 5:
                 a.append(ta)
                 b.append(tb)
-        diff = statistics.median(y - z for y, z in zip(b, a))
-        rows.append(dict(size=nbytes, pycomm_us=statistics.median(a) * 1e6, c10d_us=statistics.median(b) * 1e6,
-                         overhead_us=diff * 1e6, pycomm_busbw=bandwidth(nbytes, statistics.median(a), comm.size)[1],
-                         c10d_busbw=bandwidth(nbytes, statistics.median(b), comm.size)[1]))
+                c.append(tc)
+                f.append(tf)
+        med = statistics.median
+        rows.append(dict(size=nbytes, pycomm_us=med(a) * 1e6, c10d_us=med(b) * 1e6,
+                         overhead_us=med(y - z for y, z in zip(b, a)) * 1e6,
+                         backend_us=med(y - z for y, z in zip(c, a)) * 1e6,
+                         wrapper_us=med(y - z for y, z in zip(b, c)) * 1e6,
+                         fake_us=med(f) * 1e6,
+                         pycomm_busbw=bandwidth(nbytes, med(a), comm.size)[1],
+                         c10d_busbw=bandwidth(nbytes, med(b), comm.size)[1]))
     return rows
 
 
@@ -287,10 +312,11 @@ def main(argv=None):
         if comm.rank == 0:
             print(f"# c10d layer cost: {comm.size} ranks, float32, algorithm auto, medians of the slowest rank, "
                   f"{args.iters or 200} interleaved pairs; overhead = median of per-pair differences")
-            print(f"# {'size':>10} {'pycomm_us':>10} {'c10d_us':>10} {'overhead_us':>11} {'pycomm busbw':>12} "
-                  f"{'c10d busbw':>10}")
+            print(f"# {'size':>10} {'pycomm_us':>10} {'c10d_us':>10} {'overhead_us':>11} {'backend_us':>10} "
+                  f"{'wrapper_us':>10} {'fake_us':>8} {'pycomm busbw':>12} {'c10d busbw':>10}")
             for r in over:
                 print(f"  {human(r['size']):>10} {r['pycomm_us']:>10.1f} {r['c10d_us']:>10.1f} {r['overhead_us']:>11.1f} "
+                      f"{r['backend_us']:>10.1f} {r['wrapper_us']:>10.1f} {r['fake_us']:>8.1f} "
                       f"{r['pycomm_busbw']:>12.3f} {r['c10d_busbw']:>10.3f}")
             if args.json:
                 with open(args.json, "w") as f:

@@ -8,8 +8,11 @@ Run under MPI, e.g.:
 The same torch DistributedDataParallel training step (the MLP and CNN of
 bench/train_throughput.py, synthetic data, SGD with momentum) runs with its
 process group on backend "pycomm" (the default group, pycomm.distributed) and
-on a gloo group over the same ranks. Modes run round-robin (one step of each
-per round) so load changes hit both alike; samples/s counts every rank's
+on a gloo group over the same ranks. A third mode, no-comm, runs the same step
+on the bare model (no DDP, no communication, every rank computing at once as
+in the others): gloo's step time over it is the most any backend could gain
+over gloo (zero-cost communication). Modes run round-robin (one step of each
+per round) so load changes hit all alike; samples/s counts every rank's
 samples, the step time is the median of the slowest rank.
 """
 from __future__ import annotations
@@ -31,7 +34,7 @@ from train_throughput import make_model  # noqa: E402
 import pycomm  # noqa: E402
 import pycomm.distributed  # noqa: E402,F401  (backend "pycomm" and the rendezvous)
 
-MODES = ["ddp-gloo", "ddp-pycomm"]
+MODES = ["ddp-gloo", "ddp-pycomm", "no-comm"]
 
 
 def time_modes(model_name, comm, groups, batch, steps, warmup, bucket_mb):
@@ -40,7 +43,10 @@ def time_modes(model_name, comm, groups, batch, steps, warmup, bucket_mb):
 
     runs = {}
     for mode, group in groups.items():
-        model = DDP(make_model(model_name), process_group=group, bucket_cap_mb=bucket_mb)
+        if mode == "no-comm":  # the same step without DDP: what no backend can make faster
+            model = make_model(model_name)
+        else:
+            model = DDP(make_model(model_name), process_group=group, bucket_cap_mb=bucket_mb)
         runs[mode] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
     g = torch.Generator().manual_seed(comm.rank)
     x = torch.randn((batch, 1, 28, 28), generator=g)
@@ -88,7 +94,7 @@ def main(argv=None):
 
     comm = MPI.COMM_WORLD
     dist.init_process_group("pycomm")
-    groups = {"ddp-gloo": dist.new_group(backend="gloo"), "ddp-pycomm": None}
+    groups = {"ddp-gloo": dist.new_group(backend="gloo"), "ddp-pycomm": None, "no-comm": None}
     rows = []
     if comm.rank == 0:
         print(f"# DDP over torch.distributed backends: {comm.size} ranks, batch {args.batch} per rank, "
@@ -102,9 +108,13 @@ def main(argv=None):
             row["vs_gloo"] = row["samples_per_s"] / base
             rows.append(row)
             if comm.rank == 0:
+                dp = f"{row['max_param_diff']:>9.1e}" if row["mode"] == "ddp-pycomm" else f"{'':>9}"
                 print(f"  {model_name:>5} {row['params']:>9} {row['mode']:>11} {row['step_ms']:>9.2f} "
-                      f"{row['samples_per_s']:>10.0f} {row['vs_gloo']:>7.2f}x {row['max_param_diff']:>9.1e}",
-                      flush=True)
+                      f"{row['samples_per_s']:>10.0f} {row['vs_gloo']:>7.2f}x {dp}", flush=True)
+        if comm.rank == 0:
+            bound = next(r["vs_gloo"] for r in model_rows if r["mode"] == "no-comm")
+            print(f"  {model_name:>5} bound: with zero-cost communication a step is at most {bound:.2f}x gloo's",
+                  flush=True)
     if comm.rank == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -3,8 +3,10 @@
 #include <climits>
 #include <cstring>
 #include <mutex>
+#include <sstream>
 
 #include "../bindings/bindings.h"
+#include "../comm/compressed_allreduce.h"
 #include "../comm/engine.h"
 #include "../comm/mpi_types.h"
 #ifdef PYCOMM_WITH_CUDA
@@ -69,6 +71,12 @@ struct OpChoice {
   bool average;
 };
 
+const char* op_name(const c10d::ReduceOp& r) {
+  static const char* names[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM", "UNUSED"};
+  const int i = static_cast<int>(r.op_);
+  return i >= 0 && i <= 9 ? names[i] : "?";
+}
+
 OpChoice reduce_op(const c10d::ReduceOp& r, const at::Tensor& t, const char* op) {
   switch (r.op_) {
     case c10d::ReduceOp::SUM: return {comm::ReduceOp::SUM, false};
@@ -81,9 +89,7 @@ OpChoice reduce_op(const c10d::ReduceOp& r, const at::Tensor& t, const char* op)
     case c10d::ReduceOp::MAX: return {comm::ReduceOp::MAX, false};
     default: break;
   }
-  static const char* names[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM", "UNUSED"};
-  const int i = static_cast<int>(r.op_);
-  TORCH_CHECK_VALUE(false, "pycomm backend: ", op, " does not support ReduceOp.", (i >= 0 && i <= 9 ? names[i] : "?"),
+  TORCH_CHECK_VALUE(false, "pycomm backend: ", op, " does not support ReduceOp.", op_name(r),
                     "; supported: SUM, AVG, PRODUCT, MIN, MAX");
 }
 
@@ -227,19 +233,115 @@ class P2PWork : public c10d::Work {
 
 // ---------------------------------------------------------------- collectives
 
-ProcessGroupPycomm::ProcessGroupPycomm(int rank, int size, int64_t group, MPI_Comm p2p)
-    : c10d::Backend(rank, size), group_(group), p2p_(p2p) {}
+ProcessGroupPycomm::ProcessGroupPycomm(int rank, int size, int64_t group, MPI_Comm p2p,
+                                       const std::string& compression)
+    : c10d::Backend(rank, size), group_(group), p2p_(p2p) {
+  if (compression == "fp16") compression_ = static_cast<int>(comm::Compression::FP16);
+  else if (compression == "bf16") compression_ = static_cast<int>(comm::Compression::BF16);
+  else if (compression == "onebit") compression_ = static_cast<int>(comm::Compression::ONEBIT);
+  else TORCH_CHECK_VALUE(compression.empty() || compression == "none", "pycomm backend: PYCOMM_COMPRESSION='",
+                         compression, "' is not a compression; choose none, fp16, bf16 or onebit");
+}
+
+std::string ProcessGroupPycomm::compression() const {
+  return compression_ ? comm::compression_name(static_cast<comm::Compression>(compression_)) : "none";
+}
+
+ProcessGroupPycomm::CompressionState ProcessGroupPycomm::compression_state() {
+  std::lock_guard<std::mutex> lock(sites_mu_);
+  CompressionState s;
+  s.period = sites_.period();
+  s.breaks = sites_.breaks();
+  s.last = last_;
+  s.residuals = residuals_;
+  return s;
+}
+
+void ProcessGroupPycomm::reset_compression() {
+  std::lock_guard<std::mutex> lock(sites_mu_);
+  sites_.reset();
+  residuals_.clear();  // a call in flight keeps its residual tensors alive (keepalive)
+  last_ = {-1, 0};
+}
+
+namespace {
+// A Python UserWarning (the GIL is taken for it; it is shown once per process group).
+void python_warning(const std::string& msg) {
+  if (!Py_IsInitialized()) {
+    TORCH_WARN(msg);
+    return;
+  }
+  pybind11::gil_scoped_acquire gil;
+  if (PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 1) < 0) throw pybind11::error_already_set();  // -W error
+}
+
+// Why the backend cannot compress this allreduce ("" if it can): the engine's
+// compressed allreduce takes float32 host memory and sums (or averages).
+std::string why_uncompressed(const at::Tensor& t, const c10d::ReduceOp& r) {
+  std::ostringstream why;
+  if (t.scalar_type() != at::kFloat) why << "a " << t.scalar_type() << " tensor";
+  else if (!t.is_cpu()) why << "a tensor on " << t.device() << " (compression handles host memory in this build)";
+  else if (r.op_ != c10d::ReduceOp::SUM && r.op_ != c10d::ReduceOp::AVG) why << "ReduceOp." << op_name(r);
+  return why.str();
+}
+}  // namespace
 
 WorkRef ProcessGroupPycomm::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
   const at::Tensor& t = single(tensors, "allreduce");
   comm::AllreduceArgs a;
   a.input = a.output = buffer_of(t, "allreduce");
   OpChoice choice = reduce_op(opts.reduceOp, t, "allreduce");
+  if (compression_) {
+    const std::string why = why_uncompressed(t, opts.reduceOp);
+    if (why.empty()) return compressed_allreduce(t, choice.average, !opts.asyncOp);
+    if (!warned_.exchange(true))
+      python_warning("PYCOMM_COMPRESSION=" + compression() + ": the pycomm backend compresses float32 CPU "
+                     "allreduces with ReduceOp SUM or AVG only; an allreduce of " + why + " was sent uncompressed "
+                     "(exact), and so is every other such allreduce on this process group (warned once)");
+  }
   a.op = choice.op;
   a.average = choice.average;
   a.algorithm = comm::Algorithm::AUTO;
   // async_op=False: run on this thread when the engine is idle (no hand-off to the engine thread).
   auto work = bindings::engine_of(group_).allreduce(a, keep({t}), !opts.asyncOp);
+  return complete(rank_, OpType::ALLREDUCE, group_, work, {t});
+}
+
+// PYCOMM_COMPRESSION: the engine's compressed allreduce (compressed_allreduce.h),
+// fp16/bf16 without state; onebit with the residuals of this call's site.
+WorkRef ProcessGroupPycomm::compressed_allreduce(const at::Tensor& t, bool average, bool blocking) {
+  comm::CompressedArgs a;
+  a.input = a.output = buffer_of(t, "allreduce");
+  a.compression = static_cast<comm::Compression>(compression_);
+  a.average = average;
+  a.name = "c10d";
+  std::vector<at::Tensor> keepalive{t};
+  if (a.compression == comm::Compression::ONEBIT) {
+    SiteKey key;
+    key.dtype = static_cast<int32_t>(a.input.dtype);
+    key.average = average;
+    key.shape.assign(t.sizes().begin(), t.sizes().end());
+    std::lock_guard<std::mutex> lock(sites_mu_);
+    const Site site{sites_.next(key), key.hash()};
+    if (site.first >= 0 && residuals_.size() > 2 * CallSites::kMaxPeriod) {
+      // bound the memory: drop the per-key sites of learning calls
+      for (auto it = residuals_.begin(); it != residuals_.end();) it = it->first.first < 0 ? residuals_.erase(it) : ++it;
+    }
+    Residual& r = residuals_[site];
+    if (!r.worker.defined() || r.key != key) {  // new (or a hash collision: the newer key takes the site)
+      const size_t chunk = comm::onebit_layout(static_cast<size_t>(t.numel()), size_).chunk;
+      r.key = key;
+      r.worker = at::zeros({t.numel()}, t.options());
+      r.server = at::zeros({static_cast<int64_t>(chunk)}, t.options());
+    }
+    last_ = site;
+    a.worker_residual = buffer_of(r.worker, "allreduce");
+    a.server_residual = buffer_of(r.server, "allreduce");
+    a.name = site.first >= 0 ? "c10d site " + std::to_string(site.first) : "c10d learning";
+    keepalive.push_back(r.worker);
+    keepalive.push_back(r.server);
+  }
+  auto work = bindings::engine_of(group_).compressed_allreduce(a, keep(keepalive), blocking);
   return complete(rank_, OpType::ALLREDUCE, group_, work, {t});
 }
 

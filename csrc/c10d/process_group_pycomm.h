@@ -10,17 +10,45 @@
 
 #include <mpi.h>
 
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "call_sites.h"
+
 namespace pycomm {
 namespace c10d_backend {
 
 class ProcessGroupPycomm : public c10d::Backend {
  public:
   // `group`: the pycomm engine that runs the collectives (0: the world);
-  // `p2p`: a communicator over the same ranks, for send/recv only.
-  ProcessGroupPycomm(int rank, int size, int64_t group, MPI_Comm p2p);
+  // `p2p`: a communicator over the same ranks, for send/recv only;
+  // `compression`: PYCOMM_COMPRESSION for the float32 SUM/AVG allreduces:
+  // "" or "none" (exact), "fp16", "bf16" or "onebit".
+  ProcessGroupPycomm(int rank, int size, int64_t group, MPI_Comm p2p, const std::string& compression = "");
 
   const std::string getBackendName() const override { return "pycomm"; }
   int64_t group_id() const { return group_; }
+
+  // Compression ("none", "fp16", "bf16", "onebit") and, for onebit, the
+  // error-feedback state (call_sites.h): one residual pair per call site.
+  std::string compression() const;
+  struct Residual {
+    SiteKey key;
+    at::Tensor worker, server;  // float32[n], float32[chunk of this rank]
+  };
+  // A site: (position in the fixed period, or -1 while learning; the key's hash).
+  using Site = std::pair<int64_t, uint64_t>;
+  struct CompressionState {
+    size_t period = 0;  // 0 while learning
+    uint64_t breaks = 0;
+    Site last{-1, 0};   // the site of the latest onebit call
+    std::map<Site, Residual> residuals;  // the live tensors
+  };
+  CompressionState compression_state();
+  void reset_compression();
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -54,8 +82,16 @@ class ProcessGroupPycomm : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
  private:
+  c10::intrusive_ptr<c10d::Work> compressed_allreduce(const at::Tensor& t, bool average, bool blocking);
+
   int64_t group_;
   MPI_Comm p2p_;
+  int compression_ = 0;  // comm::Compression, 0 = none
+  std::atomic<bool> warned_{false};  // the one "sent uncompressed" warning
+  std::mutex sites_mu_;  // callers may submit from several threads (DDP's autograd threads)
+  CallSites sites_;
+  std::map<Site, Residual> residuals_;
+  Site last_{-1, 0};
 };
 
 }  // namespace c10d_backend

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import socket
-import warnings
 from typing import Dict
 
 import torch.distributed as dist
@@ -29,7 +28,7 @@ _groups: Dict[tuple, tuple] = {}
 def _create(dist_backend_opts, backend_options):
     """torch's extended creator API: (_DistributedBackendOptions, backend options)."""
     topo = init()
-    _warn_compression()
+    compression = _compression()
     rank, size = dist_backend_opts.group_rank, dist_backend_opts.group_size
     ranks = list(dist_backend_opts.global_ranks_in_group) or list(range(topo.size))
     # torch asks once per device type; a later init_process_group may reuse a name for the same ranks.
@@ -47,19 +46,19 @@ def _create(dist_backend_opts, backend_options):
             p2p = group.comm().Dup()
             _groups[key] = (group.id, p2p, group)
     gid, p2p, _ = _groups[key]
-    return _C.ProcessGroupPycomm(rank, size, gid, p2p.py2f())
+    return _C.ProcessGroupPycomm(rank, size, gid, p2p.py2f(), compression)
 
 
-_warned = []
+COMPRESSIONS = ("none", "fp16", "bf16", "onebit")
 
 
-def _warn_compression() -> None:
-    c = os.environ.get("PYCOMM_COMPRESSION", "")
-    if c not in ("", "none") and not _warned:
-        _warned.append(c)
-        warnings.warn(f"PYCOMM_COMPRESSION={c!r} is not applied by the torch.distributed backend 'pycomm': its "
-                      "allreduces are exact. Use pycomm.DistributedOptimizer(compression=...) or a "
-                      "pycomm.ddp_hooks comm hook for compressed gradients.", stacklevel=3)
+def _compression() -> str:
+    """PYCOMM_COMPRESSION as read when a process group is created (unset: none)."""
+    c = os.environ.get("PYCOMM_COMPRESSION", "").strip().lower() or "none"
+    if c not in COMPRESSIONS:
+        raise ValueError(f"pycomm backend: PYCOMM_COMPRESSION={os.environ['PYCOMM_COMPRESSION']!r} is not a "
+                         f"compression; choose one of {', '.join(COMPRESSIONS)} (or leave it unset)")
+    return c
 
 
 def register() -> None:
