@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import socket
 import struct
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -114,6 +115,10 @@ class ParameterServer:
         cfg = self.rule.native()
         cfg["staleness_bound"] = -1 if staleness_bound is None else int(staleness_bound)
         cfg["stall_report_s"] = float(stall_report_s)
+        # Who is where: a server watches the processes of the workers on its host and names one that dies.
+        ident = self.comm.allgather((socket.gethostname(), os.getpid()))
+        host = ident[self.rank][0]
+        cfg["worker_pids"] = [ident[r][1] if ident[r][0] == host else 0 for r in self.worker_ranks]
         self._server = _C.PsServer(self.comm.py2f(), self.worker_ranks, cfg) if self.is_server else None
         self._client = _C.PsClient(self.comm.py2f(), self.server_ranks) if self.is_worker else None
         self._entries: Dict[str, _Entry] = {}
