@@ -232,11 +232,13 @@ void Server::prepare_write(Shard& s) {
 void Server::recv_chunks(float* dst, size_t count, int source, const std::function<void(size_t, size_t)>& on_chunk) {
   const size_t nchunks = (count + kChunkFloats - 1) / kChunkFloats;
   chunk_requests_.assign(nchunks, MPI_REQUEST_NULL);
+  auto t_post = Clock::now();  // MPI may copy chunks that already arrived while the receive is posted
   for (size_t c = 0; c < nchunks; ++c) {
     size_t b = c * kChunkFloats, n = std::min(kChunkFloats, count - b);
     PYCOMM_MPI_CHECK(MPI_Irecv(dst + b, static_cast<int>(n * sizeof(float)), MPI_BYTE, source, kTagData, comm_,
                                &chunk_requests_[c]));
   }
+  prof_.recv_s += since(t_post);
   for (size_t c = 0; c < nchunks; ++c) {
     size_t b = c * kChunkFloats, n = std::min(kChunkFloats, count - b);
     auto t0 = Clock::now();

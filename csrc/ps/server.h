@@ -73,7 +73,7 @@ class Server {
   };
   // Where the server's time goes (PYCOMM_PS_PROFILE=1 prints it when the loop ends).
   struct Profile {
-    double recv_s = 0;     // waiting for push/init chunks to land
+    double recv_s = 0;     // posting and waiting for push/init chunks
     double update_s = 0;   // the update kernel
     double copy_s = 0;     // local pulls, DC-ASGD backups, copy-on-write of busy shards, reply copies
     double sleep_s = 0;    // back-off sleeps of the idle loop
