@@ -155,16 +155,16 @@ def test_killed_rank_ends_the_job(tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("np_, servers", [(2, 0), (3, 1)])
-def test_parameter_server_names_a_dead_worker(tmp_path, np_, servers):
+def test_parameter_server_names_a_dead_worker(tmp_path):
     # Worker 1 is killed (-9) while worker 0 keeps pushing. The servers watch the processes of the workers on
-    # their host and name the dead one before the launcher ends the job (co-located: rank 0's server thread;
-    # dedicated: the server rank), long before the 60 s stall report.
-    rc, out, _ = _run(tmp_path, np_, f"""
+    # their host and name the dead one before the launcher ends the job, long before the 60 s stall report.
+    # Dedicated placement: rank 2 only serves. (The co-located server thread runs the same loop; measured
+    # passing as well, left out for CI time.)
+    rc, out, _ = _run(tmp_path, 3, f"""
         import os, signal, time, torch, pycomm
         from pycomm.ps import ParameterServer, UpdateRule
         pycomm.init()
-        ps = ParameterServer(UpdateRule(lr=0.01), servers={servers})
+        ps = ParameterServer(UpdateRule(lr=0.01), servers=1)
         if not ps.is_worker:
             ps.serve()
         else:
@@ -186,7 +186,7 @@ def test_parameter_server_names_a_dead_worker(tmp_path, np_, servers):
     assert "UNREACHABLE" not in out, out
     line = next((ln for ln in out.splitlines() if "has died" in ln), None)
     assert line is not None, out
-    assert "worker 1 (rank 1, pid " in line and "pycomm.ps: server on rank" in line, line
+    assert "pycomm.ps: server on rank 2: worker 1 (rank 1, pid " in line, line
     killed = float(out.split("KILLED AT ")[1].split()[0])
     # The report comes within the 50 ms liveness check, then the launcher ends the job (0.4-0.6 s after a kill,
     # test_killed_rank_ends_the_job); 20 s leaves room for the loaded machine and is far below the 60 s stall report.
