@@ -3,9 +3,10 @@
 Every rank is a worker and serves one shard of every parameter (co-located
 servers, pycomm.ps), or, under ``pycomm-run --servers K`` (PYCOMM_PS_SERVERS),
 the last K ranks only serve (``is_server_only``: the training loop calls
-``serve()`` there) and the others train. Per step a worker pushes its gradients; the servers
-apply the update rule in C++ as each push arrives, and the worker pulls the
-current weights (SSP: after its clock is granted, read in the same instant).
+``serve()`` there) and the others train. Per step a worker pushes its
+gradients; the servers apply the update rule in C++ as each push arrives,
+and the worker pulls the current weights (SSP: after its clock is granted,
+read in the same instant).
 The local optimizer must be torch.optim.SGD: its lr, momentum and
 weight_decay become the servers' rule (the worker takes no local step).
 ``eval_parameters()`` is the model this worker last pulled; ``finalize()``
