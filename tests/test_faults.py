@@ -188,6 +188,6 @@ def test_parameter_server_names_a_dead_worker(tmp_path):
     assert line is not None, out
     assert "pycomm.ps: server on rank 2: worker 1 (rank 1, pid " in line, line
     killed = float(out.split("KILLED AT ")[1].split()[0])
-    # The report comes within the 50 ms liveness check, then the launcher ends the job (0.4-0.6 s after a kill,
+    # The report comes within the 10 ms liveness check, then the launcher ends the job (0.4-0.6 s after a kill,
     # test_killed_rank_ends_the_job); 20 s leaves room for the loaded machine and is far below the 60 s stall report.
     assert ended - killed < 20, f"the job took {ended - killed:.1f} s to end after the kill:\n{out}"
