@@ -1,6 +1,7 @@
 """Parameter-server throughput: push+pull of a whole model against the ring allreduce of the same bytes.
 
     pycomm-run -np 4 python bench/ps.py [--min-bytes 1M] [--max-bytes 64M] [--iters 5] [--json out.json]
+                                        [--placements co-located,dedicated] [--profile]
 
 For each size S (one float32 tensor) and each placement (co-located: every
 rank a worker and a server; dedicated: the last rank only serves, the others
@@ -8,17 +9,25 @@ work), every worker pushes S bytes of gradient and pulls the S bytes of
 weights back, all workers at once; time_us is the median over iterations of
 the slowest worker (push, pull and their replies, the servers' SGD update
 included). Columns:
-  GB/s     wire bytes per worker / time: co-located, a worker sends (K-1)/K S and receives (K-1)/K S
-           (its own shard stays in process), like the ring's 2(N-1)/N S: so this is busbw-comparable;
-           dedicated, the worker sends and receives all of S: 2S / t.
+  GB/s     bytes moved per worker / time, defined to be comparable with the ring's busbw:
+           co-located (K = N servers, one per rank): 2 (N-1)/N S / t. A worker pushes (N-1)/N S to the
+           other ranks' servers and pulls (N-1)/N S back from them (its own shard stays in its process),
+           2 (N-1)/N S remote bytes in all; the ring allreduce's busbw is 2 (N-1)/N S / t as well
+           (nccl-tests: a ring rank sends 2 (N-1)/N S). Both count one direction's bytes per rank.
+           dedicated: the worker sends and receives all of S: 2S / t.
   upd/s    updates applied per second over all servers (W pushes of K shards per iteration).
   ring busbw and ratio: pycomm's ring allreduce of the same S on all ranks, timed in the same run
            (nccl-tests busbw = S/t * 2(N-1)/N); ratio = PS GB/s / ring busbw.
+  copy GB/s: one rank's torch copy of S bytes (2 S bytes of memory traffic) / t, timed on every rank at
+           once in the same run: the machine's memory-copy rate that every transfer here is bounded by.
+--profile sets PYCOMM_PS_PROFILE=1: every server prints where its loop's time went (recv-wait, update
+kernel, copies, idle sleep) when it ends, once per size and placement.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -78,17 +87,30 @@ def main() -> int:
     p.add_argument("--factor", type=int, default=4)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--json", default=None)
+    p.add_argument("--placements", default="co-located,dedicated",
+                   help="comma-separated: co-located, dedicated")
+    p.add_argument("--profile", action="store_true", help="servers print their time breakdown (PYCOMM_PS_PROFILE=1)")
     a = p.parse_args()
+    if a.profile:
+        os.environ["PYCOMM_PS_PROFILE"] = "1"
+    wanted = [x.strip() for x in a.placements.split(",") if x.strip()]
+    bad = [x for x in wanted if x not in ("co-located", "dedicated")]
+    if bad or not wanted:
+        p.error(f"--placements: {bad or wanted} not among co-located, dedicated")
     pycomm.init()
     N, rank = pycomm.size(), pycomm.rank()
     lo, hi = parse_size(a.min_bytes), parse_size(a.max_bytes)
-    placements = [("co-located", 0)] + ([("dedicated", 1)] if N >= 2 else [])
+    placements = [(label, k) for label, k in (("co-located", 0), ("dedicated", 1))
+                  if label in wanted and (k == 0 or N >= 2)]
     rows = []
     s = lo
     while s <= hi:
         x = torch.ones(s // 4)
         t_ring = median_time(lambda: pycomm.allreduce(x, op="sum", algorithm="ring"), pycomm.world_comm(), a.iters)
         _, ring_bus = bandwidth(s, t_ring, N)
+        y = torch.empty_like(x)
+        t_copy = median_time(lambda: y.copy_(x), pycomm.world_comm(), a.iters)
+        copy_gbps = s / t_copy / 1e9
         for label, k in placements:
             t, ps = time_ps(s, k, a.iters)
             t = pycomm.world_comm().bcast(t, root=0)  # rank 0 is always a worker
@@ -97,16 +119,17 @@ def main() -> int:
             gbps = wire / t / 1e9
             rows.append({"size": s, "placement": label, "workers": W, "servers": K, "time_us": t * 1e6,
                          "GBps": gbps, "updates_per_s": W * K / t, "ring_time_us": t_ring * 1e6,
-                         "ring_busbw_GBps": ring_bus, "ratio": gbps / ring_bus if ring_bus else float("nan")})
+                         "ring_busbw_GBps": ring_bus, "ratio": gbps / ring_bus if ring_bus else float("nan"),
+                         "copy_GBps": copy_gbps})
         s *= a.factor
     if rank == 0:
         print(f"pycomm.ps push+pull, {N} ranks, float32, median of {a.iters} (slowest worker)")
         print(f"{'size':>9} {'placement':>11} {'W':>2} {'K':>2} {'time_us':>10} {'GB/s':>7} {'upd/s':>9} "
-              f"{'ring_us':>10} {'ring busbw':>10} {'ratio':>6}")
+              f"{'ring_us':>10} {'ring busbw':>10} {'ratio':>6} {'copy GB/s':>9}")
         for r in rows:
             print(f"{human(r['size']):>9} {r['placement']:>11} {r['workers']:>2} {r['servers']:>2} "
                   f"{r['time_us']:>10.0f} {r['GBps']:>7.2f} {r['updates_per_s']:>9.0f} {r['ring_time_us']:>10.0f} "
-                  f"{r['ring_busbw_GBps']:>10.2f} {r['ratio']:>5.2f}x")
+                  f"{r['ring_busbw_GBps']:>10.2f} {r['ratio']:>5.2f}x {r['copy_GBps']:>9.2f}")
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(rows, f, indent=1)

@@ -152,3 +152,42 @@ def test_killed_rank_ends_the_job(tmp_path):
     # Measured 0.37, 0.43, 0.56 s from the kill to mpirun's exit (3 runs, 2 loaded cores); 20 s
     # leaves room for the load and is far below the 600 s stall abort.
     assert ended - killed < 20, f"the job took {ended - killed:.1f} s to end after the kill:\n{out}"
+
+
+@pytest.mark.mpi
+def test_parameter_server_names_a_dead_worker(tmp_path):
+    # Worker 1 is killed (-9) while worker 0 keeps pushing. The servers watch the processes of the workers on
+    # their host and name the dead one before the launcher ends the job, long before the 60 s stall report.
+    # Dedicated placement: rank 2 only serves. (The co-located server thread runs the same loop; measured
+    # passing as well, left out for CI time.)
+    rc, out, _ = _run(tmp_path, 3, f"""
+        import os, signal, time, torch, pycomm
+        from pycomm.ps import ParameterServer, UpdateRule
+        pycomm.init()
+        ps = ParameterServer(UpdateRule(lr=0.01), servers=1)
+        if not ps.is_worker:
+            ps.serve()
+        else:
+            w = torch.zeros(1000)
+            ps.register({{"w": w}})
+            if ps.worker_index == 1:
+                ps.push("w", torch.ones(1000))
+                print(f"KILLED AT {{time.time():.3f}}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            t0 = time.time()
+            while time.time() - t0 < 30:
+                ps.push("w", torch.ones(1000))
+                ps.pull("w", w)
+                time.sleep(0.005)
+        print("UNREACHABLE", flush=True)
+    """)
+    ended = time.time()
+    assert rc != 0, out
+    assert "UNREACHABLE" not in out, out
+    line = next((ln for ln in out.splitlines() if "has died" in ln), None)
+    assert line is not None, out
+    assert "pycomm.ps: server on rank 2: worker 1 (rank 1, pid " in line, line
+    killed = float(out.split("KILLED AT ")[1].split()[0])
+    # The report comes within the 10 ms liveness check, then the launcher ends the job (0.4-0.6 s after a kill,
+    # test_killed_rank_ends_the_job); 20 s leaves room for the loaded machine and is far below the 60 s stall report.
+    assert ended - killed < 20, f"the job took {ended - killed:.1f} s to end after the kill:\n{out}"

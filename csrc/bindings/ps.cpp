@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "../kernels/ps_update.h"
 #include "../ps/client.h"
@@ -54,6 +55,8 @@ class PyServer {
     if (cfg.contains("adadelay_c")) c.adadelay_c = cfg["adadelay_c"].cast<double>();
     if (cfg.contains("staleness_bound")) c.staleness_bound = cfg["staleness_bound"].cast<int64_t>();
     if (cfg.contains("stall_report_s")) c.stall_report_s = cfg["stall_report_s"].cast<double>();
+    if (cfg.contains("worker_pids")) c.worker_pids = cfg["worker_pids"].cast<std::vector<int>>();
+    if (cfg.contains("liveness_check_s")) c.liveness_check_s = cfg["liveness_check_s"].cast<double>();
     server_ = std::make_unique<ps::Server>(MPI_Comm_f2c(static_cast<MPI_Fint>(comm_f)), std::move(workers), c);
   }
   ~PyServer() {

@@ -1,5 +1,9 @@
 #include "client.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <thread>
+
 #include "../comm/common.h"
 
 namespace pycomm {
@@ -18,6 +22,19 @@ Request::~Request() {
   }
 }
 
+namespace {
+// MPI_Waitall busy-polls; a worker waiting on its own server thread (co-located)
+// would take the core that thread needs. Test, spin a little, then yield.
+void wait_all(std::vector<MPI_Request>& reqs) {
+  for (int spin = 0;; ++spin) {
+    int flag = 0;
+    PYCOMM_MPI_CHECK(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE));
+    if (flag) return;
+    if (spin >= 16) std::this_thread::yield();
+  }
+}
+}  // namespace
+
 bool Request::test() {
   if (done_) return true;
   int flag = 0;
@@ -29,7 +46,7 @@ bool Request::test() {
 
 int64_t Request::wait() {
   if (!done_) {
-    PYCOMM_MPI_CHECK(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE));
+    wait_all(requests_);
     if (two_phase_) {  // the reply told the payload size: receive it now
       payloads_.resize(replies_.size());
       std::vector<MPI_Request> reqs(replies_.size(), MPI_REQUEST_NULL);
@@ -39,7 +56,7 @@ int64_t Request::wait() {
         PYCOMM_MPI_CHECK(MPI_Irecv(payloads_[j].data(), static_cast<int>(bytes), MPI_BYTE, reply_from_[j], tag_,
                                    comm_, &reqs[j]));
       }
-      PYCOMM_MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+      wait_all(reqs);
     }
     done_ = true;
   }
@@ -52,6 +69,7 @@ int64_t Request::wait() {
 
 Client::Client(MPI_Comm comm, std::vector<int> servers) : comm_(comm), servers_(std::move(servers)) {
   if (servers_.empty()) throw comm::CommError("pycomm.ps: no servers");
+  PYCOMM_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
 }
 
 int Client::next_tag() {
@@ -91,6 +109,17 @@ static int checked_count(size_t n) {
   return static_cast<int>(n * sizeof(float));
 }
 
+// The shard's data in chunks of kChunkFloats, all in flight at once.
+void Client::send_chunks(Request& r, int server, const float* data, size_t n) {
+  checked_count(n);
+  for (size_t b = 0; b < n; b += kChunkFloats) {
+    size_t m = std::min(kChunkFloats, n - b);
+    r.requests_.emplace_back();
+    PYCOMM_MPI_CHECK(MPI_Isend(data + b, static_cast<int>(m * sizeof(float)), MPI_BYTE, server, kTagData, comm_,
+                               &r.requests_.back()));
+  }
+}
+
 std::unique_ptr<Request> Client::init(int64_t key, int64_t total, const float* data) {
   auto r = start();
   const int K = num_servers();
@@ -98,8 +127,7 @@ std::unique_ptr<Request> Client::init(int64_t key, int64_t total, const float* d
     size_t b = part_begin(static_cast<size_t>(total), K, j), n = part_size(static_cast<size_t>(total), K, j);
     if (n == 0) continue;
     send_header(*r, servers_[j], kInit, key, total, static_cast<int64_t>(n), 0);
-    r->requests_.emplace_back();
-    PYCOMM_MPI_CHECK(MPI_Isend(data + b, checked_count(n), MPI_BYTE, servers_[j], kTagData, comm_, &r->requests_.back()));
+    send_chunks(*r, servers_[j], data + b, n);
   }
   return r;
 }
@@ -110,9 +138,14 @@ std::unique_ptr<Request> Client::push(int64_t key, int64_t total, const float* d
   for (int j = 0; j < K; ++j) {
     size_t b = part_begin(static_cast<size_t>(total), K, j), n = part_size(static_cast<size_t>(total), K, j);
     if (n == 0) continue;
+    if (servers_[j] == rank_) {  // this process's server thread reads the gradient in place, then answers
+      expect_reply(*r, servers_[j]);
+      send_header(*r, servers_[j], kPushLocal, key, total, static_cast<int64_t>(n),
+                  static_cast<int64_t>(reinterpret_cast<intptr_t>(data + b)));
+      continue;
+    }
     send_header(*r, servers_[j], kPush, key, total, static_cast<int64_t>(n), 0);
-    r->requests_.emplace_back();
-    PYCOMM_MPI_CHECK(MPI_Isend(data + b, checked_count(n), MPI_BYTE, servers_[j], kTagData, comm_, &r->requests_.back()));
+    send_chunks(*r, servers_[j], data + b, n);
   }
   return r;
 }
@@ -123,6 +156,12 @@ std::unique_ptr<Request> Client::pull(int64_t key, int64_t total, float* out) {
   for (int j = 0; j < K; ++j) {
     size_t b = part_begin(static_cast<size_t>(total), K, j), n = part_size(static_cast<size_t>(total), K, j);
     if (n == 0) continue;
+    if (servers_[j] == rank_) {  // this process's server thread writes the shard into out, then answers
+      expect_reply(*r, servers_[j]);
+      send_header(*r, servers_[j], kPullLocal, key, total, static_cast<int64_t>(n),
+                  static_cast<int64_t>(reinterpret_cast<intptr_t>(out + b)));
+      continue;
+    }
     // Receives are posted before the request goes out, so the reply never waits for a buffer.
     expect_reply(*r, servers_[j]);
     r->requests_.emplace_back();

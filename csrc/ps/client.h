@@ -66,8 +66,10 @@ class Client {
   void send_header(Request& r, int server, int64_t op, int64_t key, int64_t total, int64_t count, int64_t arg);
   void expect_reply(Request& r, int server);
   std::unique_ptr<Request> simple(int64_t op, int64_t arg, bool reply);
+  void send_chunks(Request& r, int server, const float* data, size_t n);
 
   MPI_Comm comm_;
+  int rank_ = -1;  // this process in comm_: a server of the same rank is its own server thread
   std::vector<int> servers_;
   int tag_counter_ = 0;
 };

@@ -11,9 +11,19 @@
 // Replies go to the worker's reply tag (one per outstanding request): a header
 // of kReplyWords int64 (status, version or size) and, for pull/save/stats, data.
 //
-// Bytes per push of S bytes over K servers: S/K data + 64 B header per server;
-// per pull the same in the other direction plus a 16 B reply header.
+// Push and init data travel in chunks of kChunkBytes (the last one shorter), all
+// sent at once: the server applies the update to each chunk as it lands, while it
+// is still in cache, instead of after the whole shard.
+// A worker's request to the server thread of its own process (co-located) carries
+// no data message: the header's arg is the address of the worker's buffer, the
+// server reads (push) or writes (pull) it in place and answers with a reply
+// header; the worker's wait() returns only after that answer.
+//
+// Bytes per push of S bytes over K servers: S/K data + 64 B header per server
+// (the local shard: 64 B header + 16 B answer); per pull the same in the other
+// direction plus a 16 B reply header.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace pycomm {
@@ -25,6 +35,8 @@ constexpr int kReplyTagBase = 1000;
 constexpr int kReplyTagCount = 30000;  // MPI guarantees tags up to 32767
 
 constexpr int kHeaderWords = 8;
+constexpr size_t kChunkBytes = size_t(1) << 20;
+constexpr size_t kChunkFloats = kChunkBytes / sizeof(float);
 constexpr int kReplyWords = 2;
 
 enum Op : int64_t {
@@ -39,6 +51,9 @@ enum Op : int64_t {
   kLoad = 9,     // bytes, reply tag | data: a serialized state -> [status, 0]
   kClockPull = 10,  // as kClock, and the answer carries every shard, in key order, read at that moment:
                     // [status, shards] + one data message per shard. With bound 0 this is exact BSP.
+  kPushLocal = 11,  // as kPush from the server's own process; arg: address of the gradient's shard,
+                    // reply tag -> [status, version] once applied
+  kPullLocal = 12,  // as kPull from the server's own process; arg: address to write the shard to
 };
 
 enum Status : int64_t { kOk = 0, kUninitialized = 1, kBadRequest = 2, kBadState = 3 };

@@ -2,7 +2,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <fstream>
+#include <sys/types.h>
+#include <signal.h>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "../comm/common.h"
@@ -11,6 +18,11 @@ namespace pycomm {
 namespace ps {
 
 using comm::part_size;
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+}  // namespace
 
 Server::Server(MPI_Comm comm, std::vector<int> workers, ServerConfig config)
     : comm_(comm), workers_(std::move(workers)), config_(config) {
@@ -28,6 +40,8 @@ Server::Server(MPI_Comm comm, std::vector<int> workers, ServerConfig config)
   staleness_max_.assign(static_cast<size_t>(nworkers_), 0);
   last_seen_.assign(static_cast<size_t>(nworkers_), std::chrono::steady_clock::now());
   reported_.assign(static_cast<size_t>(nworkers_), 0);
+  const char* p = std::getenv("PYCOMM_PS_PROFILE");
+  profile_ = p != nullptr && *p != '\0' && std::strcmp(p, "0") != 0;
 }
 
 void Server::run() {
@@ -35,7 +49,17 @@ void Server::run() {
   // so a co-located server does not take a core from its worker when idle.
   int idle = 0;
   auto last_report_check = std::chrono::steady_clock::now();
+  auto last_liveness_check = last_report_check;
+  const auto liveness_every = std::chrono::duration<double>(config_.liveness_check_s);
   while (done_count_ < nworkers_) {
+    if (!config_.worker_pids.empty() && config_.liveness_check_s > 0) {
+      auto now = Clock::now();
+      if (now - last_liveness_check >= liveness_every) {
+        last_liveness_check = now;
+        check_liveness();
+        if (done_count_ >= nworkers_) break;
+      }
+    }
     int flag = 0;
     MPI_Status st;
     PYCOMM_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kTagRequest, comm_, &flag, &st));
@@ -43,13 +67,16 @@ void Server::run() {
       std::array<int64_t, kHeaderWords> h{};
       PYCOMM_MPI_CHECK(MPI_Recv(h.data(), kHeaderWords, MPI_INT64_T, st.MPI_SOURCE, kTagRequest, comm_,
                                 MPI_STATUS_IGNORE));
+      prof_.requests += 1;
       serve(h.data(), st.MPI_SOURCE);
       idle = 0;
       continue;
     }
     reap_sends(false);
     if (++idle > 64) {
+      auto t0 = Clock::now();
       std::this_thread::sleep_for(std::chrono::microseconds(std::min(200, 2 * (idle - 64))));
+      prof_.sleep_s += since(t0);
       auto now = std::chrono::steady_clock::now();
       if (now - last_report_check > std::chrono::seconds(1)) {
         last_report_check = now;
@@ -58,6 +85,57 @@ void Server::run() {
     }
   }
   reap_sends(true);
+  if (profile_) print_profile();
+}
+
+void Server::print_profile() const {
+  std::fprintf(stderr,
+               "pycomm.ps profile: server rank %d: %llu requests, %llu push chunks; recv-wait %.3f s, update %.3f s, "
+               "copies %.3f s (%llu copy-on-write), reply tests %.3f s, idle sleep %.3f s\n",
+               rank_, static_cast<unsigned long long>(prof_.requests), static_cast<unsigned long long>(prof_.chunks),
+               prof_.recv_s, prof_.update_s, prof_.copy_s, static_cast<unsigned long long>(prof_.cow), prof_.reap_s,
+               prof_.sleep_s);
+  std::fflush(stderr);
+}
+
+namespace {
+// A process that is gone or a zombie (killed, not yet reaped by its launcher).
+bool process_gone(int pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (stat) {
+    std::string line;
+    std::getline(stat, line);
+    size_t close = line.rfind(')');
+    if (close != std::string::npos && close + 2 < line.size()) {
+      char state = line[close + 2];
+      return state == 'Z' || state == 'X' || state == 'x';
+    }
+    return false;
+  }
+  return ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+}  // namespace
+
+// A worker on this host whose process has ended without kDone has died: name it
+// at once (the launcher ends the job moments later; until then the others are
+// no longer held back by it at a clock, and the loop ends when they are done).
+void Server::check_liveness() {
+  const auto& pids = config_.worker_pids;
+  for (int i = 0; i < nworkers_ && static_cast<size_t>(i) < pids.size(); ++i) {
+    const size_t k = static_cast<size_t>(i);
+    if (done_[k] || pids[k] <= 0 || !process_gone(pids[k])) continue;
+    const double silent = std::chrono::duration<double>(Clock::now() - last_seen_[k]).count();
+    std::fprintf(stderr,
+                 "pycomm.ps: server on rank %d: worker %d (rank %d, pid %d) has died: its process ended without "
+                 "shutting the parameter server down (last request %.1f s ago, %llu push(es) applied from it); "
+                 "the remaining workers continue without it\n",
+                 rank_, i, workers_[k], pids[k], silent, static_cast<unsigned long long>(pushes_[k]));
+    std::fflush(stderr);
+    done_[k] = 1;
+    reported_[k] = 1;
+    ++done_count_;
+    answer_clocks();
+  }
 }
 
 void Server::report_stalls() {
@@ -80,6 +158,8 @@ void Server::report_stalls() {
 }
 
 void Server::reap_sends(bool all) {
+  if (outgoing_.empty()) return;
+  auto t0 = Clock::now();
   for (auto it = outgoing_.begin(); it != outgoing_.end();) {
     int flag = 0;
     if (all) {
@@ -88,29 +168,85 @@ void Server::reap_sends(bool all) {
     } else {
       PYCOMM_MPI_CHECK(MPI_Test(&it->request, &flag, MPI_STATUS_IGNORE));
     }
+    if (flag && it->from != nullptr) it->from->sending -= 1;
     it = flag ? outgoing_.erase(it) : std::next(it);
   }
+  prof_.reap_s += since(t0);
 }
 
-// Replies are copied and sent without blocking: the shard may change right
-// after, and a worker busy computing must not hold the server up.
+// Replies are sent without blocking: a worker busy computing must not hold the
+// server up. Shards go out zero-copy (send_shard); other data is copied.
 void Server::reply(int dest, int tag, int64_t status, int64_t value, const void* data, size_t bytes, bool send_data) {
   outgoing_.emplace_back();
   Outgoing& hdr = outgoing_.back();
-  hdr.bytes.resize(sizeof(int64_t) * kReplyWords);
-  int64_t words[kReplyWords] = {status, value};
-  std::memcpy(hdr.bytes.data(), words, sizeof(words));
-  PYCOMM_MPI_CHECK(MPI_Isend(hdr.bytes.data(), kReplyWords, MPI_INT64_T, dest, tag, comm_, &hdr.request));
+  hdr.words = {status, value};
+  PYCOMM_MPI_CHECK(MPI_Isend(hdr.words.data(), kReplyWords, MPI_INT64_T, dest, tag, comm_, &hdr.request));
   if (send_data) send_copy(dest, tag, data, bytes);
 }
 
 void Server::send_copy(int dest, int tag, const void* data, size_t bytes) {
   if (bytes > static_cast<size_t>(INT32_MAX)) throw comm::CommError("pycomm.ps: shard reply above 2 GiB");
+  auto t0 = Clock::now();
   outgoing_.emplace_back();
   Outgoing& d = outgoing_.back();
   d.bytes.resize(bytes);
   if (bytes) std::memcpy(d.bytes.data(), data, bytes);
+  prof_.copy_s += since(t0);
   PYCOMM_MPI_CHECK(MPI_Isend(d.bytes.data(), static_cast<int>(bytes), MPI_BYTE, dest, tag, comm_, &d.request));
+}
+
+// The shard's weights straight from w: no copy. Until the send completes, a
+// write to w goes through prepare_write.
+void Server::send_shard(int dest, int tag, Shard& s) {
+  const size_t bytes = s.count * sizeof(float);
+  if (bytes > static_cast<size_t>(INT32_MAX)) throw comm::CommError("pycomm.ps: shard reply above 2 GiB");
+  outgoing_.emplace_back();
+  Outgoing& d = outgoing_.back();
+  d.from = &s;
+  s.sending += 1;
+  PYCOMM_MPI_CHECK(MPI_Isend(s.w.data(), static_cast<int>(bytes), MPI_BYTE, dest, tag, comm_, &d.request));
+}
+
+// Before w changes: replies still reading it keep the old buffer, w continues
+// on a copy (one memcpy, only when a reply is still in flight).
+void Server::prepare_write(Shard& s) {
+  if (s.sending == 0) return;
+  reap_sends(false);
+  if (s.sending == 0) return;
+  auto t0 = Clock::now();
+  auto keep = std::make_shared<std::vector<float>>(std::move(s.w));
+  s.w = *keep;
+  for (auto& o : outgoing_) {
+    if (o.from != &s) continue;
+    o.from = nullptr;
+    o.keep = keep;
+  }
+  s.sending = 0;
+  prof_.cow += 1;
+  prof_.copy_s += since(t0);
+}
+
+// Post a receive for every chunk of count floats from source into dst, then
+// hand each chunk to on_chunk(begin, n) as it lands (MPI keeps one source's
+// kTagData messages in order, so chunk c is the c-th data message).
+void Server::recv_chunks(float* dst, size_t count, int source, const std::function<void(size_t, size_t)>& on_chunk) {
+  const size_t nchunks = (count + kChunkFloats - 1) / kChunkFloats;
+  chunk_requests_.assign(nchunks, MPI_REQUEST_NULL);
+  auto t_post = Clock::now();  // MPI may copy chunks that already arrived while the receive is posted
+  for (size_t c = 0; c < nchunks; ++c) {
+    size_t b = c * kChunkFloats, n = std::min(kChunkFloats, count - b);
+    PYCOMM_MPI_CHECK(MPI_Irecv(dst + b, static_cast<int>(n * sizeof(float)), MPI_BYTE, source, kTagData, comm_,
+                               &chunk_requests_[c]));
+  }
+  prof_.recv_s += since(t_post);
+  for (size_t c = 0; c < nchunks; ++c) {
+    size_t b = c * kChunkFloats, n = std::min(kChunkFloats, count - b);
+    auto t0 = Clock::now();
+    PYCOMM_MPI_CHECK(MPI_Wait(&chunk_requests_[c], MPI_STATUS_IGNORE));
+    prof_.recv_s += since(t0);
+    prof_.chunks += 1;
+    if (on_chunk) on_chunk(b, n);
+  }
 }
 
 // Every initialized shard, in key order, read now (a consistent snapshot of this server).
@@ -122,8 +258,8 @@ void Server::pull_all(int dest, int tag, int worker) {
     Shard& s = kv.second;
     if (!s.initialized) continue;
     s.pulled_version[static_cast<size_t>(worker)] = s.version;
-    if (uses_backup()) s.backup[static_cast<size_t>(worker)] = s.w;
-    send_copy(dest, tag, s.w.data(), s.count * sizeof(float));
+    if (uses_backup()) backup(s, worker);
+    send_shard(dest, tag, s);
   }
 }
 
@@ -154,20 +290,36 @@ void Server::serve(const int64_t* h, int source) {
   switch (op) {
     case kInit:
     case kPush:
+    case kPushLocal:
     case kLoad:
       handle_data(h, source, worker);
       return;
-    case kPull: {
+    case kPull:
+    case kPullLocal: {
+      const bool local = op == kPullLocal;
       auto it = shards_.find(h[kKeyField]);
+      if (local && source != rank_) {
+        std::fprintf(stderr, "pycomm.ps: server on rank %d: an in-process pull from rank %d; refused\n", rank_, source);
+        reply(source, tag, kBadRequest, 0, nullptr, 0, false);
+        return;
+      }
       if (it == shards_.end() || !it->second.initialized || it->second.count != static_cast<size_t>(h[kCountField])) {
         int64_t status = (it == shards_.end() || !it->second.initialized) ? kUninitialized : kBadRequest;
-        reply(source, tag, status, 0, nullptr, 0, true);
+        reply(source, tag, status, 0, nullptr, 0, !local);
         return;
       }
       Shard& s = it->second;
       s.pulled_version[static_cast<size_t>(worker)] = s.version;
-      if (uses_backup()) s.backup[static_cast<size_t>(worker)] = s.w;
-      reply(source, tag, kOk, static_cast<int64_t>(s.version), s.w.data(), s.count * sizeof(float), true);
+      if (uses_backup()) backup(s, worker);
+      if (local) {  // the worker waits for the answer, so its buffer is ours until then
+        auto t0 = Clock::now();
+        std::memcpy(reinterpret_cast<float*>(h[kArgField]), s.w.data(), s.count * sizeof(float));
+        prof_.copy_s += since(t0);
+        reply(source, tag, kOk, static_cast<int64_t>(s.version), nullptr, 0, false);
+      } else {
+        reply(source, tag, kOk, static_cast<int64_t>(s.version), nullptr, 0, false);
+        send_shard(source, tag, s);
+      }
       return;
     }
     case kClock:
@@ -213,48 +365,15 @@ void Server::serve(const int64_t* h, int source) {
   }
 }
 
-void Server::handle_data(const int64_t* h, int source, int worker) {
-  const int64_t op = h[kOpField];
-  const size_t count = static_cast<size_t>(h[kCountField]);
-  const size_t bytes = op == kLoad ? static_cast<size_t>(h[kArgField]) : count * sizeof(float);
-  if (bytes > static_cast<size_t>(INT32_MAX)) throw comm::CommError("pycomm.ps: request above 2 GiB");
-  if (op == kLoad) {
-    std::vector<char> blob(bytes);
-    PYCOMM_MPI_CHECK(MPI_Recv(blob.data(), static_cast<int>(bytes), MPI_BYTE, source, kTagData, comm_,
-                              MPI_STATUS_IGNORE));
-    std::string error;
-    bool ok = load(blob, &error);
-    if (!ok) std::fprintf(stderr, "pycomm.ps: server on rank %d: cannot load state: %s\n", rank_, error.c_str());
-    reply(source, static_cast<int>(h[kReplyField]), ok ? kOk : kBadState, 0, nullptr, 0, false);
-    return;
-  }
-  scratch_.resize(count);
-  PYCOMM_MPI_CHECK(MPI_Recv(scratch_.data(), static_cast<int>(bytes), MPI_BYTE, source, kTagData, comm_,
-                            MPI_STATUS_IGNORE));
-  Shard& s = shard_for(h[kKeyField], h[kTotalField], count, worker, "push");
-  if (s.count != count || s.total != h[kTotalField]) {
-    // The client checks shapes before sending; this guards against mismatched clients.
-    std::fprintf(stderr, "pycomm.ps: server on rank %d: key %lld from worker %d has %zu elements, the shard has %zu; "
-                 "dropped\n", rank_, static_cast<long long>(h[kKeyField]), worker, count, s.count);
-    return;
-  }
+void Server::backup(Shard& s, int worker) {
+  auto t0 = Clock::now();
+  s.backup[static_cast<size_t>(worker)] = s.w;
+  prof_.copy_s += since(t0);
+}
+
+// Staleness bookkeeping of one push and the rule it is applied with.
+kernels::PsUpdate Server::begin_push(Shard& s, int worker) {
   const size_t wi = static_cast<size_t>(worker);
-  if (op == kInit) {
-    s.w.assign(scratch_.begin(), scratch_.end());
-    s.v.assign(config_.update.momentum != 0.0f ? count : 0, 0.0f);
-    s.ms.assign(config_.update.comp == kernels::PsCompensation::Adaptive ? count : 0, 0.0f);
-    s.version = 0;
-    s.initialized = true;
-    std::fill(s.pulled_version.begin(), s.pulled_version.end(), 0);
-    for (auto& b : s.backup) b.clear();
-    if (uses_backup()) s.backup[wi] = s.w;
-    return;
-  }
-  if (!s.initialized) {
-    std::fprintf(stderr, "pycomm.ps: server on rank %d: push of key %lld by worker %d before any init; dropped\n",
-                 rank_, static_cast<long long>(h[kKeyField]), worker);
-    return;
-  }
   // Staleness: updates of this shard since the worker last pulled it.
   const uint64_t tau = s.version - s.pulled_version[wi];
   hist_[wi][std::min<uint64_t>(tau, kHistogramBins - 1)] += 1;
@@ -264,13 +383,89 @@ void Server::handle_data(const int64_t* h, int source, int worker) {
   kernels::PsUpdate u = config_.update;
   if (config_.adadelay)
     u.alpha = static_cast<float>(kernels::adadelay_alpha(config_.adadelay_L, config_.adadelay_c, s.version, tau));
-  const float* bak = nullptr;
-  if (uses_backup()) {
-    if (s.backup[wi].empty()) s.backup[wi] = s.w;  // never pulled: no delay to compensate
-    bak = s.backup[wi].data();
+  if (uses_backup() && s.backup[wi].empty()) backup(s, worker);  // never pulled: no delay to compensate
+  prepare_write(s);
+  return u;
+}
+
+// The rule on elements [begin, begin + n) of the shard; g points at the gradient of element begin.
+// Element-wise, so chunk by chunk gives exactly the whole-shard result.
+void Server::apply_push(Shard& s, int worker, const float* g, size_t begin, size_t n, const kernels::PsUpdate& u) {
+  auto t0 = Clock::now();
+  const float* bak = uses_backup() ? s.backup[static_cast<size_t>(worker)].data() + begin : nullptr;
+  kernels::ps_update_cpu(s.w.data() + begin, s.v.empty() ? nullptr : s.v.data() + begin,
+                         s.ms.empty() ? nullptr : s.ms.data() + begin, g, bak, n, u);
+  prof_.update_s += since(t0);
+}
+
+void Server::handle_data(const int64_t* h, int source, int worker) {
+  const int64_t op = h[kOpField];
+  const int tag = static_cast<int>(h[kReplyField]);
+  const size_t count = static_cast<size_t>(h[kCountField]);
+  const size_t bytes = op == kLoad ? static_cast<size_t>(h[kArgField]) : count * sizeof(float);
+  if (bytes > static_cast<size_t>(INT32_MAX)) throw comm::CommError("pycomm.ps: request above 2 GiB");
+  if (op == kLoad) {
+    std::vector<char> blob(bytes);
+    PYCOMM_MPI_CHECK(MPI_Recv(blob.data(), static_cast<int>(bytes), MPI_BYTE, source, kTagData, comm_,
+                              MPI_STATUS_IGNORE));
+    reap_sends(true);  // no reply may still read a shard that load() replaces
+    std::string error;
+    bool ok = load(blob, &error);
+    if (!ok) std::fprintf(stderr, "pycomm.ps: server on rank %d: cannot load state: %s\n", rank_, error.c_str());
+    reply(source, tag, ok ? kOk : kBadState, 0, nullptr, 0, false);
+    return;
   }
-  kernels::ps_update_cpu(s.w.data(), s.v.empty() ? nullptr : s.v.data(), s.ms.empty() ? nullptr : s.ms.data(),
-                         scratch_.data(), bak, count, u);
+  const bool local = op == kPushLocal;
+  if (local && source != rank_) {
+    std::fprintf(stderr, "pycomm.ps: server on rank %d: an in-process push from rank %d; refused\n", rank_, source);
+    reply(source, tag, kBadRequest, 0, nullptr, 0, false);
+    return;
+  }
+  Shard& s = shard_for(h[kKeyField], h[kTotalField], count, worker, "push");
+  auto drain = [&] {  // a refused remote push still sends its chunks
+    if (local) return;
+    scratch_.resize(std::max(scratch_.size(), count));
+    recv_chunks(scratch_.data(), count, source, nullptr);
+  };
+  if (s.count != count || s.total != h[kTotalField]) {
+    // The client checks shapes before sending; this guards against mismatched clients.
+    drain();
+    std::fprintf(stderr, "pycomm.ps: server on rank %d: key %lld from worker %d has %zu elements, the shard has %zu; "
+                 "dropped\n", rank_, static_cast<long long>(h[kKeyField]), worker, count, s.count);
+    if (local) reply(source, tag, kBadRequest, 0, nullptr, 0, false);
+    return;
+  }
+  if (op == kInit) {
+    prepare_write(s);
+    s.w.resize(count);
+    recv_chunks(s.w.data(), count, source, nullptr);  // straight into the shard
+    s.v.assign(config_.update.momentum != 0.0f ? count : 0, 0.0f);
+    s.ms.assign(config_.update.comp == kernels::PsCompensation::Adaptive ? count : 0, 0.0f);
+    s.version = 0;
+    s.initialized = true;
+    std::fill(s.pulled_version.begin(), s.pulled_version.end(), 0);
+    for (auto& b : s.backup) b.clear();
+    if (uses_backup()) backup(s, worker);
+    return;
+  }
+  if (!s.initialized) {
+    drain();
+    std::fprintf(stderr, "pycomm.ps: server on rank %d: push of key %lld by worker %d before any init; dropped\n",
+                 rank_, static_cast<long long>(h[kKeyField]), worker);
+    if (local) reply(source, tag, kUninitialized, 0, nullptr, 0, false);
+    return;
+  }
+  const kernels::PsUpdate u = begin_push(s, worker);
+  if (local) {
+    // The worker's own buffer, read in place; it waits for the answer before reusing it.
+    apply_push(s, worker, reinterpret_cast<const float*>(h[kArgField]), 0, count, u);
+    s.version += 1;
+    reply(source, tag, kOk, static_cast<int64_t>(s.version), nullptr, 0, false);
+    return;
+  }
+  scratch_.resize(std::max(scratch_.size(), count));  // grows once: no allocation per push
+  recv_chunks(scratch_.data(), count, source,
+              [&](size_t b, size_t n) { apply_push(s, worker, scratch_.data() + b, b, n, u); });
   s.version += 1;
 }
 

@@ -15,9 +15,11 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <list>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,10 @@ struct ServerConfig {
   double adadelay_c = 0.0;
   int64_t staleness_bound = -1;  // SSP's s; < 0: clock requests are answered at once
   double stall_report_s = 60.0;  // name a worker silent this long while others wait (0: never)
+  // Process id of every worker on this server's host (0: on another host). The loop
+  // looks at them every liveness_check_s and names a worker whose process is gone.
+  std::vector<int> worker_pids;
+  double liveness_check_s = 0.01;  // a few /proc reads per 10 ms; well inside the launcher's teardown
 };
 
 class Server {
@@ -53,20 +59,44 @@ class Server {
     std::vector<float> w, v, ms;
     std::vector<uint64_t> pulled_version;      // per worker, at its last pull
     std::vector<std::vector<float>> backup;    // per worker, w at its last pull (DC-ASGD)
+    int sending = 0;                           // replies MPI still reads from w (zero-copy)
   };
+  // A reply in flight: its header words, a copy (stats, save), or w itself. A shard
+  // whose w must change while MPI still reads it hands that buffer to its replies
+  // (keep) and continues on a copy (prepare_write).
   struct Outgoing {
+    std::array<int64_t, kReplyWords> words{};
     std::vector<char> bytes;
+    Shard* from = nullptr;
+    std::shared_ptr<std::vector<float>> keep;
     MPI_Request request = MPI_REQUEST_NULL;
+  };
+  // Where the server's time goes (PYCOMM_PS_PROFILE=1 prints it when the loop ends).
+  struct Profile {
+    double recv_s = 0;     // posting and waiting for push/init chunks
+    double update_s = 0;   // the update kernel
+    double copy_s = 0;     // local pulls, DC-ASGD backups, copy-on-write of busy shards, reply copies
+    double sleep_s = 0;    // back-off sleeps of the idle loop
+    double reap_s = 0;     // testing replies in flight
+    uint64_t requests = 0, chunks = 0, cow = 0;
   };
 
   void serve(const int64_t* h, int source);
   void handle_data(const int64_t* h, int source, int worker);
   void reply(int dest, int tag, int64_t status, int64_t value, const void* data, size_t bytes, bool send_data);
   void send_copy(int dest, int tag, const void* data, size_t bytes);
+  void send_shard(int dest, int tag, Shard& s);
+  void prepare_write(Shard& s);
+  void apply_push(Shard& s, int worker, const float* g, size_t begin, size_t n, const kernels::PsUpdate& u);
+  kernels::PsUpdate begin_push(Shard& s, int worker);
+  void print_profile() const;
+  void backup(Shard& s, int worker);
+  void recv_chunks(float* dst, size_t count, int source, const std::function<void(size_t, size_t)>& on_chunk);
   void pull_all(int dest, int tag, int worker);
   void answer_clocks();
   void reap_sends(bool all);
   void report_stalls();
+  void check_liveness();
   Shard& shard_for(int64_t key, int64_t total, size_t count, int worker, const char* what);
   std::vector<char> save() const;
   bool load(const std::vector<char>& blob, std::string* error);
@@ -90,6 +120,9 @@ class Server {
   std::vector<char> reported_;
   std::list<Outgoing> outgoing_;
   std::vector<float> scratch_;
+  std::vector<MPI_Request> chunk_requests_;
+  Profile prof_;
+  bool profile_ = false;
 };
 
 }  // namespace ps

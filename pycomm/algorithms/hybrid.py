@@ -16,7 +16,7 @@ from typing import Any, Dict
 
 import torch
 
-from ..ps import ParameterServer, UpdateRule
+from ..ps import ParameterServer, UpdateRule, servers_from_env
 from ..runtime import topology, world_comm
 from .asgd import check_stall
 from .ps_algorithm import PSAlgorithm
@@ -40,6 +40,10 @@ class Hybrid(PSAlgorithm):
     Config = HybridConfig
 
     def create_ps(self, rule: UpdateRule) -> ParameterServer:
+        if servers_from_env():
+            raise ValueError("hybrid: its groups' leaders use servers co-located on every rank; dedicated server "
+                             f"ranks (PYCOMM_PS_SERVERS={servers_from_env()}, pycomm-run --servers) are for asgd, "
+                             "ssp, dcasgd and adadelay. Run without --servers.")
         topo = topology()
         g = self.config.group_size or topo.local_size
         if topo.size % g:

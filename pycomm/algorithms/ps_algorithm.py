@@ -1,9 +1,12 @@
 """What the parameter-server algorithms share (ALGORITHMS.md §5): asgd, ssp, dcasgd, adadelay.
 
 Every rank is a worker and serves one shard of every parameter (co-located
-servers, pycomm.ps). Per step a worker pushes its gradients; the servers
-apply the update rule in C++ as each push arrives, and the worker pulls the
-current weights (SSP: after its clock is granted, read in the same instant).
+servers, pycomm.ps), or, under ``pycomm-run --servers K`` (PYCOMM_PS_SERVERS),
+the last K ranks only serve (``is_server_only``: the training loop calls
+``serve()`` there) and the others train. Per step a worker pushes its
+gradients; the servers apply the update rule in C++ as each push arrives,
+and the worker pulls the current weights (SSP: after its clock is granted,
+read in the same instant).
 The local optimizer must be torch.optim.SGD: its lr, momentum and
 weight_decay become the servers' rule (the worker takes no local step).
 ``eval_parameters()`` is the model this worker last pulled; ``finalize()``
@@ -23,10 +26,6 @@ from .base import Algorithm
 
 class PSAlgorithm(Algorithm):
     def __init__(self, model, local_optimizer, config=None):
-        if servers_from_env():
-            raise ValueError(f"{self.name}: training algorithms run with co-located servers (every rank a "
-                             "worker); PYCOMM_PS_SERVERS / pycomm-run --servers places dedicated server ranks "
-                             "for programs that use pycomm.ps directly. Unset it.")
         super().__init__(model, local_optimizer, config)
         opt = local_optimizer
         if type(opt) is not torch.optim.SGD:
@@ -55,8 +54,17 @@ class PSAlgorithm(Algorithm):
         return UpdateRule(lr=lr, momentum=momentum, weight_decay=weight_decay)
 
     def create_ps(self, rule: UpdateRule) -> ParameterServer:
-        return ParameterServer(rule, servers=0, staleness_bound=self.staleness_bound(),
+        return ParameterServer(rule, servers=servers_from_env(), staleness_bound=self.staleness_bound(),
                                stall_report_s=self.config.stall_report_s)
+
+    @property
+    def is_server_only(self) -> bool:
+        """A dedicated server rank: it trains nothing; serve() until the workers finish."""
+        return not self.ps.is_worker
+
+    def serve(self) -> None:
+        """Dedicated server ranks: serve until every worker has finalized."""
+        self.ps.serve()
 
     def staleness_bound(self) -> Optional[int]:
         return None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import socket
 import struct
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -46,6 +47,13 @@ def servers_from_env() -> int:
     if k < 0:
         raise ValueError(f"PYCOMM_PS_SERVERS must be >= 0, got {k}")
     return k
+
+
+def _pid_namespace() -> Optional[str]:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:  # no /proc: the servers do not watch processes
+        return None
 
 
 @dataclass
@@ -114,6 +122,12 @@ class ParameterServer:
         cfg = self.rule.native()
         cfg["staleness_bound"] = -1 if staleness_bound is None else int(staleness_bound)
         cfg["stall_report_s"] = float(stall_report_s)
+        # Who is where: a server watches the processes of the workers on its host (same host name and pid
+        # namespace, so the pid means the same process) and names one that dies.
+        ident = self.comm.allgather((socket.gethostname(), _pid_namespace(), os.getpid()))
+        here = ident[self.rank][:2]
+        cfg["worker_pids"] = [ident[r][2] if ident[r][:2] == here and here[1] is not None else 0
+                              for r in self.worker_ranks]
         self._server = _C.PsServer(self.comm.py2f(), self.worker_ranks, cfg) if self.is_server else None
         self._client = _C.PsClient(self.comm.py2f(), self.server_ranks) if self.is_worker else None
         self._entries: Dict[str, _Entry] = {}

@@ -5,6 +5,12 @@ bad input fails on every rank before training starts), builds the same model
 from the seed, and runs ``algo.zero_grad(); loss.backward(); algo.step()``
 over its shard of each epoch. Rank 0 shows the progress bar, the per-epoch
 lines and the final JSON summary.
+
+Under ``pycomm-run --servers K`` (PYCOMM_PS_SERVERS=K) with a parameter-server
+algorithm, the last K ranks are dedicated servers: they build the algorithm
+(its ParameterServer is collective), serve until the workers finish, and
+return ``{"role": "server", ...}``; the data is sharded over the workers only,
+and the metrics and the summary come from them.
 """
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ import random
 import sys
 import time
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict
 
 import numpy as np
 import torch
@@ -25,12 +31,14 @@ import pycomm
 from .. import algorithms
 from . import bandwidth, checkpoint
 from .cli import UsageError
-from .data import DataError, Dataset, check_batch, epoch_shard, every_sample_shard, load_dataset, steps_per_epoch
+from .data import DataError, check_batch, epoch_shard, every_sample_shard, load_dataset, steps_per_epoch
 from .metrics import accuracy, epoch_line, fingerprint
 from .models import build_model
 from .optimizers import SELF_REDUCING, build_optimizer
 
 CRASH_STATUS = 75
+# The algorithms that run on pycomm.ps's ParameterServer with its placement from PYCOMM_PS_SERVERS.
+PS_ALGORITHMS = ("asgd", "ssp", "dcasgd", "adadelay")
 
 # Options that define the training trajectory; a resumed run must match them.
 RESUME_KEYS = ("algorithm", "algorithm_config", "optimizer", "lr", "momentum", "sgd_nesterov", "weight_decay",
@@ -63,16 +71,35 @@ def train(args) -> Dict[str, Any]:
                          f"of {world} rank(s)")
     slow_factor = straggler[1] if straggler is not None and straggler[0] == rank else 1.0
     eval_every = getattr(args, "eval_every", 0)
+    # Dedicated parameter-server ranks (the last K) train nothing: the data is the workers'.
+    from ..ps import servers_from_env
+
+    dedicated = servers_from_env()
+    if dedicated:
+        if args.algorithm not in PS_ALGORITHMS:
+            raise UsageError(f"pycomm-run --servers {dedicated} (PYCOMM_PS_SERVERS) places dedicated parameter-server "
+                             f"ranks, which only {', '.join(PS_ALGORITHMS)} use; --algorithm {args.algorithm} would "
+                             "leave them idle. Run without --servers.")
+        if dedicated >= world:
+            raise UsageError(f"pycomm-run --servers {dedicated}: a job of {world} rank(s) needs at least one worker")
+        if args.checkpoint_dir or args.resume:
+            raise UsageError("--checkpoint-dir/--resume with dedicated server ranks (--servers) is not supported: "
+                             "checkpoints are written by every rank; use co-located servers (no --servers)")
+        if straggler is not None and straggler[0] >= world - dedicated:
+            raise UsageError(f"--straggler {straggler[0]}:{straggler[1]:g}: rank {straggler[0]} is a dedicated "
+                             f"server (ranks {world - dedicated}..{world - 1}); name a worker rank")
+    workers = world - dedicated
+    wrank = rank if rank < workers else -1  # index among the workers (servers are the last ranks)
     try:
-        check_batch(len(data.y_train), world, args.batch_size)
+        check_batch(len(data.y_train), workers, args.batch_size)
     except DataError as e:
         raise UsageError(str(e)) from None
     del probe
 
     n_train = len(data.y_train)
-    spe = steps_per_epoch(n_train, world, args.batch_size)
+    spe = steps_per_epoch(n_train, workers, args.batch_size)
     every_sample = getattr(args, "every_sample", False)
-    if every_sample:  # rank 0 has the largest shard, ceil(n / world) samples
+    if every_sample:  # ssgd only (workers == world): rank 0 has the largest shard, ceil(n / world) samples
         spe = (-(-n_train // world) + args.batch_size - 1) // args.batch_size
     total_steps = spe * args.epochs
     # onebit_adam/onebit_lamb: by default 15% of the run's steps are full-precision warm-up
@@ -96,6 +123,12 @@ def train(args) -> Dict[str, Any]:
                                   precision=precision)
     else:
         algo = algorithms.create(args.algorithm, model, local_opt, **args.algorithm_config)
+    if dedicated and algo.is_server_only:
+        algo.serve()  # until every worker has finalized
+        if args.bandwidth_table:  # collective over every rank: the workers run it after finalize()
+            bandwidth.measure()
+        return {"role": "server", "rank": rank, "algorithm": args.algorithm, "world_size": world,
+                "servers": dedicated}
 
     state = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "loss_sum": 0.0, "loss_count": 0,
              "history": [], "elapsed": 0.0}
@@ -140,7 +173,7 @@ def train(args) -> Dict[str, Any]:
     if show and not args.no_progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=total_steps, initial=state["global_step"], desc=f"{args.algorithm} x{world}",
+        bar = tqdm(total=total_steps, initial=state["global_step"], desc=f"{args.algorithm} x{workers}",
                    unit="step", file=sys.stderr, dynamic_ncols=True, mininterval=0.2, leave=False)
 
     def log(line: str) -> None:
@@ -158,7 +191,9 @@ def train(args) -> Dict[str, Any]:
         checkpoint.save(args.checkpoint_dir, state["global_step"], payload)
 
     if state["global_step"] == 0:
-        log(f"pycomm-train: {args.algorithm} on {world} rank(s), {args.optimizer} local optimizer"
+        log(f"pycomm-train: {args.algorithm} on {world} rank(s)"
+            + (f" ({workers} workers, {dedicated} dedicated server rank(s))" if dedicated else "")
+            + f", {args.optimizer} local optimizer"
             + (f" (freeze_step {freeze_step})" if args.optimizer in SELF_REDUCING else "")
             + (f", {precision} model with float32 master weights" if precision != "fp32" else "") + ", "
             f"{args.model} on {data.name} ({n_train} train / {len(data.y_test)} test samples), "
@@ -173,9 +208,10 @@ def train(args) -> Dict[str, Any]:
         epoch = state["epoch"]
         if every_sample:
             idx = torch.from_numpy(every_sample_shard(n_train, world, rank, args.seed, epoch))
+            my_steps = (len(idx) + args.batch_size - 1) // args.batch_size  # spe, or one less
         else:
-            idx = torch.from_numpy(epoch_shard(n_train, world, rank, args.seed, epoch))
-        my_steps = (len(idx) + args.batch_size - 1) // args.batch_size  # spe, or one less with --every-sample
+            idx = torch.from_numpy(epoch_shard(n_train, workers, wrank, args.seed, epoch))
+            my_steps = spe
         for s in range(state["step_in_epoch"], my_steps):
             b = idx[s * args.batch_size:(s + 1) * args.batch_size]
             x, y = data.x_train[b], data.y_train[b]
@@ -214,7 +250,12 @@ def train(args) -> Dict[str, Any]:
             algo.optimizer.join()
         # End of epoch: mean train loss over all ranks (a metrics allreduce, not a training sync).
         tot = torch.tensor([state["loss_sum"], float(state["loss_count"])], dtype=torch.float64)
-        pycomm.allreduce(tot, op="sum", algorithm="mpi", name="train.metrics")
+        if dedicated:  # the server ranks are serving: the workers' own communicator
+            from mpi4py import MPI
+
+            algo.ps.worker_comm.Allreduce(MPI.IN_PLACE, tot.numpy(), op=MPI.SUM)
+        else:
+            pycomm.allreduce(tot, op="sum", algorithm="mpi", name="train.metrics")
         rec = {"epoch": epoch + 1, "train_loss": float(tot[0] / max(tot[1], 1.0)),
                "test_accuracy": accuracy(algo.eval_model(), data.x_test, data.y_test) if show else None,
                "syncs": algo.num_syncs, "bytes_sent": algo.bytes_sent, "steps": algo.steps,
@@ -236,6 +277,7 @@ def train(args) -> Dict[str, Any]:
     summary = {
         "algorithm": args.algorithm, "config": dict(args.algorithm_config), "optimizer": args.optimizer,
         "model": args.model, "dataset": data.name, "world_size": world, "epochs": args.epochs,
+        **({"workers": workers, "servers": dedicated} if dedicated else {}),
         "batch_size": args.batch_size, "seed": args.seed, "steps": algo.steps,
         "final_train_loss": state["history"][-1]["train_loss"] if state["history"] else None,
         "final_test_accuracy": accuracy(final, data.x_test, data.y_test) if show else None,

@@ -34,9 +34,9 @@ def placements():
     return out
 
 
-def initial(seed):
+def initial(seed, shapes=SHAPES):
     g = np.random.default_rng(seed)
-    return {k: g.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
+    return {k: g.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
 
 
 def grad_of(w, k, turn):
@@ -45,13 +45,13 @@ def grad_of(w, k, turn):
     return (0.5 * w + g.standard_normal(w.shape)).astype(np.float32)
 
 
-def run_schedule(servers, rule_kw, order, seed=0, use_async=True):
+def run_schedule(servers, rule_kw, order, seed=0, use_async=True, shapes=SHAPES):
     ps = ParameterServer(UpdateRule(**rule_kw), servers=servers)
     if not ps.is_worker:
         ps.serve()
         return None
     W, k = ps.num_workers, ps.worker_index
-    init = initial(seed)
+    init = initial(seed, shapes)
     params = {n: torch.from_numpy(v.copy()) for n, v in init.items()}
     ps.register(params)
     ref = NpServer(W, **rule_kw)
@@ -59,37 +59,37 @@ def run_schedule(servers, rule_kw, order, seed=0, use_async=True):
         ref.init(n, v)
     local = [{n: v.astype(np.float64) for n, v in init.items()} for _ in range(W)]
     for j in range(W):  # register() pulls on every worker
-        for n in SHAPES:
+        for n in shapes:
             ref.pull(j, n)
     sched = TurnSchedule(ps, order)
     for turn, who in enumerate(order):
-        grads = {n: grad_of(local[who][n].astype(np.float32), who, turn) for n in SHAPES}
-        for n in SHAPES:
+        grads = {n: grad_of(local[who][n].astype(np.float32), who, turn) for n in shapes}
+        for n in shapes:
             ref.push(who, n, grads[n])
             local[who][n] = ref.pull(who, n)
         if who != k:
             continue
         with sched.turn():
-            gt = {n: torch.from_numpy(grads[n]) for n in SHAPES}
+            gt = {n: torch.from_numpy(grads[n]) for n in shapes}
             if use_async:
-                hs = [ps.push_async(n, gt[n]) for n in SHAPES]
-                hs += [ps.pull_async(n, params[n]) for n in SHAPES]
+                hs = [ps.push_async(n, gt[n]) for n in shapes]
+                hs += [ps.pull_async(n, params[n]) for n in shapes]
                 for h in hs:
                     h.wait()
             else:
-                for n in SHAPES:
+                for n in shapes:
                     ps.push(n, gt[n])
-                for n in SHAPES:
+                for n in shapes:
                     ps.pull(n, params[n])
-        for n in SHAPES:
+        for n in shapes:
             scale = 1 + np.abs(local[k][n]).max(initial=0)
             err = np.abs(params[n].numpy() - local[k][n]).max(initial=0) / scale
             assert err < TOL, f"rank {pycomm.rank()} turn {turn} '{n}' {rule_kw}: off the reference by {err:.3g}"
     ps.barrier()
     st = ps.stats()
     # Each (push, shard) counts once: a tensor of n elements lives on min(n, K) servers.
-    shards = sum(min(int(np.prod(s)), ps.num_servers) for s in SHAPES.values())
-    per_tensor = ref.hist // len(SHAPES)
+    shards = sum(min(int(np.prod(s)), ps.num_servers) for s in shapes.values())
+    per_tensor = ref.hist // len(shapes)
     assert np.array_equal(np.asarray(st["histogram"]), per_tensor * shards), \
         f"staleness histogram {st['histogram']} != reference {(per_tensor * shards).tolist()}"
     if order:
@@ -113,6 +113,22 @@ def test_schedule_matches_numpy(servers, rule):
     n = pycomm.size()
     W = n - servers
     run_schedule(servers, rule, orders(W, 6 * W + 3, seed=servers + 7), use_async=servers != 1)
+
+
+# Shards of several chunks (pycomm.ps sends push data in 1 MiB chunks and updates each as it lands):
+# per server 2 full chunks and a remainder, the tensor's length not a multiple of the servers.
+CHUNK = 1 << 18  # floats per chunk (protocol.h kChunkBytes / 4)
+
+
+@pytest.mark.parametrize("servers", [0, 1])
+def test_multi_chunk_shards_match_numpy(servers):
+    if servers not in placements():
+        pytest.skip(f"{servers} dedicated servers need more ranks")
+    K = pycomm.size() if servers == 0 else servers
+    shapes = {"big": (K * (2 * CHUNK + 4099) + 3,), "b": (5,)}
+    W = pycomm.size() - servers
+    rule = dict(lr=0.05, momentum=0.5, compensation="adaptive", dc_lambda=2.0)  # offsets of v, ms and w_bak
+    run_schedule(servers, rule, orders(W, 2 * W + 1, seed=servers + 3), shapes=shapes)
 
 
 def test_blocking_and_round_robin_staleness():

@@ -36,3 +36,16 @@ def test_run_servers_option(capsys):
     with pytest.raises(SystemExit):
         run_args(["-np", "2", "--servers", "2", "python", "x.py"])
     assert "--servers 2 must be between 0 and 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--algorithm", "ssgd"], "pycomm-run --servers 1 (PYCOMM_PS_SERVERS) places dedicated parameter-server ranks, "
+                              "which only asgd, ssp, dcasgd, adadelay use; --algorithm ssgd would leave them idle"),
+    (["--algorithm", "asgd"], "pycomm-run --servers 1: a job of 1 rank(s) needs at least one worker"),
+])
+def test_train_with_servers_refuses_clearly(monkeypatch, capsys, argv, msg):
+    from pycomm.train.__main__ import main
+
+    monkeypatch.setenv("PYCOMM_PS_SERVERS", "1")
+    assert main([*argv, "--dataset", "digits", "--epochs", "1", "--no-progress", "--no-bandwidth-table"]) == 2
+    assert msg in capsys.readouterr().err
