@@ -16,6 +16,7 @@
 #include "coordinator.h"
 #include "engine.h"
 #include "shm_window.h"
+#include "timeline.h"
 
 namespace pycomm {
 namespace comm {
@@ -164,6 +165,7 @@ void half_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, size_t ri
   // Pre-divided cast: y = half(x / N) for an average.
   const float scale = a.average ? 1.0f / static_cast<float>(size) : 1.0f;
   int bad = 0;
+  timeline::Phase phase("COMPRESS");
   kernels::cast_to_half_cpu(x, h, n, half, scale, &bad);
   agree_finite(bad, comm, size, a,
                half == DType::F16 && a.average ? "inf or NaN, or a value beyond the float16 range even after the "
@@ -176,7 +178,9 @@ void half_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, size_t ri
   hb.count = n;
   hb.dtype = half;
   // Partial sums are combined in fp32 on every hop (reduce_cpu widens, adds, rounds once).
+  phase.next("RING");
   ring_allreduce(hb, ReduceOp::SUM, comm, ring_chunk_bytes);
+  phase.next("DECOMPRESS");
   if (half == DType::F16) {
     // A sum can overflow float16 on the way even when every input fits; so can
     // an average: its pre-divided terms fit, but the mean may not, and with
@@ -217,6 +221,7 @@ void onebit_two_phase(const CompressedArgs& a, MPI_Comm comm, float weight) {
   float* acc = sized(s.f, m);
 
   // 1. Worker: chunk j of x + e_w -> bits and scale, straight into the block for rank j.
+  timeline::Phase phase("COMPRESS");
   for (int j = 0; j < size; ++j) {
     uint8_t* block = send + static_cast<size_t>(j) * B;
     const size_t b = L.begin(j), len = L.length(j);
@@ -227,6 +232,7 @@ void onebit_two_phase(const CompressedArgs& a, MPI_Comm comm, float weight) {
   }
 
   // 2. All-to-all: rank j gets every rank's chunk j.
+  phase.next("ALLTOALL");
   if (size > 1)
     PYCOMM_MPI_CHECK(MPI_Alltoall(send, static_cast<int>(B), MPI_BYTE, recv, static_cast<int>(B), MPI_BYTE, comm));
   else
@@ -234,6 +240,7 @@ void onebit_two_phase(const CompressedArgs& a, MPI_Comm comm, float weight) {
 
   // 3. Server: a = sum_k fl(w s_k) (2 bit - 1) in rank order, w = 1/N (avg) or 1 (sum);
   //    then compress a with the server residual into this rank's block.
+  phase.next("SERVER_REDUCE");
   const size_t myb = L.begin(rank), mylen = L.length(rank);
   uint8_t* mine = send;  // the send buffer is free again: reuse its first block
   float my_scale = 0.0f;
@@ -251,10 +258,12 @@ void onebit_two_phase(const CompressedArgs& a, MPI_Comm comm, float weight) {
   std::memcpy(mine + bits, &my_scale, sizeof my_scale);
 
   // 4. Allgather of the server chunks; 5. every rank decompresses all of them.
+  phase.next("ALLGATHER");
   if (size > 1)
     PYCOMM_MPI_CHECK(MPI_Allgather(mine, static_cast<int>(B), MPI_BYTE, gathered, static_cast<int>(B), MPI_BYTE, comm));
   else
     std::memcpy(gathered, mine, B);
+  phase.next("DECOMPRESS");
   for (int j = 0; j < size; ++j) {
     const uint8_t* block = gathered + static_cast<size_t>(j) * B;
     const size_t b = L.begin(j), len = L.length(j);
@@ -296,7 +305,9 @@ void hierarchical_compressed_allreduce(const CompressedArgs& a, const Topology& 
   agree_finite(has_nonfinite(static_cast<const float*>(a.input.data), mask, n), topo.world, topo.size, a,
                "inf or NaN");
   // 2. Slice `me` of the node's float32 sum, in this rank's window segment.
+  timeline::Phase phase("LOCAL_REDUCE_SCATTER");
   shm_detail::reduce_scatter_into_segments(a.input, ReduceOp::SUM, shm);
+  phase.next("CROSS_NODE");
   float* shard = reinterpret_cast<float*>(shm.mine()) + begin;
   const float weight = a.average ? 1.0f / static_cast<float>(topo.size) : 1.0f;
 
@@ -337,6 +348,7 @@ void hierarchical_compressed_allreduce(const CompressedArgs& a, const Topology& 
     kernels::cast_to_float_cpu(h, shard, len, half, 1.0f);
   }
   // 4. Every slice out of the window, into every rank's output.
+  phase.next("LOCAL_ALLGATHER");
   shm.fence();
   shm_detail::allgather_from_segments(a.output, shm);
 }

@@ -61,13 +61,16 @@ void device_hierarchical_allreduce(const Buffer& buf, ReduceOp op, MPI_Comm loca
   PYCOMM_MPI_CHECK(MPI_Comm_size(cross, &M));
   std::vector<size_t> segments;
   for (int j = 0; j <= L; ++j) segments.push_back(part_begin(buf.count, L, j));
+  timeline::Phase phase("LOCAL_REDUCE_SCATTER");
   if (L > 1) ring_reduce_scatter_inplace(buf, segments, op, local, chunk_bytes, &memory);
 
+  phase.next("CROSS_NODE");
   Buffer shard = buf;
   shard.data = buf.bytes_at(segments[me]);
   shard.count = segments[me + 1] - segments[me];
   if (M > 1 && shard.count) ring_allreduce(shard, op, cross, chunk_bytes, &memory);
   if (L == 1) return;
+  phase.next("LOCAL_ALLGATHER");
 
   std::vector<int> counts(L), displs(L);
   for (int j = 0; j < L; ++j) {

@@ -6,6 +6,7 @@
 #include "../kernels/reduce.h"
 #include "algorithms.h"
 #include "shm_window.h"
+#include "timeline.h"
 
 namespace pycomm {
 namespace comm {
@@ -96,7 +97,9 @@ void windowed_fused_allreduce(const FusedTensors& t, ReduceOp op, bool pre_divid
 
 void shm_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm) {
   if (buf.count == 0 || shm.size() == 1) return;
+  timeline::Phase phase("LOCAL_REDUCE_SCATTER");
   shm_detail::reduce_scatter_into_segments(buf, op, shm);
+  phase.next("LOCAL_ALLGATHER");
   shm_detail::allgather_from_segments(buf, shm);
 }
 

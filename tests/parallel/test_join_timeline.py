@@ -295,6 +295,26 @@ def test_timeline_mid_run_phases_nest_and_fusion_listed(tmp_path):
         assert any(r["name"] == "RING_ALLREDUCE" and r["parent"] == "ANSWER" for r in joins), joins
 
 
+def test_timeline_phases_of_shm_and_compressed(tmp_path):
+    rank, size = pycomm.rank(), pycomm.size()
+    one_node = pycomm.topology().num_nodes == 1
+    path = pycomm.start_timeline(str(tmp_path / "phases.json"))
+    try:
+        if one_node:
+            pycomm.allreduce(rank_data(rank, 5000, torch.float32, 3), name="tl.shm", algorithm="shm")
+        pycomm.allreduce(torch.ones(5000), name="tl.fp16", compression="fp16")
+        pycomm.allreduce(torch.ones(5000), name="tl.onebit", compression="onebit")
+    finally:
+        pycomm.stop_timeline()
+    with open(path) as f:
+        _, ranges = _lanes(json.load(f)["traceEvents"])
+    seen = {r["name"] for r in ranges}
+    if size > 1 and one_node:
+        assert {"LOCAL_REDUCE_SCATTER", "LOCAL_ALLGATHER"} <= {r["name"] for r in ranges if r["lane"] == "tl.shm"}
+    # fp16: cast, ring of the half buffer, cast back; onebit: the two-phase scheme's five steps
+    assert {"COMPRESS", "RING", "DECOMPRESS", "ALLTOALL", "SERVER_REDUCE", "ALLGATHER"} <= seen, seen
+
+
 def test_timeline_from_environment_and_torch_profiler(tmp_path, monkeypatch):
     from pycomm import timeline
 
