@@ -31,7 +31,8 @@ PYCOMM_NO_EXTENSION=1 "$venv/bin/python" -m pip install -q --no-build-isolation 
 "$venv/bin/python" setup.py -q build_ext --inplace
 "$venv/bin/python" -c "import pycomm.launcher as l; f = l.mpi_flavour(l.find_launcher()); print('ci/mpich: launcher flavour', f); assert f == 'mpich'"
 echo "ci/mpich: environment and build ready after $(( $(date +%s) - start )) s"
-# Every tests/parallel file at 1-4 ranks, the fault and stall tests, and the launcher/testbed units.
-"$venv/bin/python" -m pytest -q tests/test_parallel.py tests/test_faults.py tests/test_stall_abort.py \
+# Every tests/parallel file at 2 and 3 ranks (an even and an odd world; 1-4 run under Open MPI), the
+# virtual-node runs, the fault and stall tests, and the launcher/testbed units.
+PYCOMM_TEST_WORLD_SIZES=${PYCOMM_TEST_WORLD_SIZES:-2,3} "$venv/bin/python" -m pytest -q tests/test_parallel.py tests/test_faults.py tests/test_stall_abort.py \
     tests/test_bench_exit.py tests/unit/test_launcher.py tests/unit/test_testbed.py
 echo "ci/mpich: tests done after $(( $(date +%s) - start )) s"
