@@ -284,6 +284,9 @@ size_t Engine::execute(std::vector<Op*>& batch) {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.operations += count;
     if (count > 1) stats_.fused_tensors += count;
+    if (shm_) stats_.shm_allocations = shm_->allocations(), stats_.shm_segment_bytes = shm_->capacity();
+    stats_.fusion_buffer_bytes = fusion_buffer_.capacity();
+    stats_.staging_bytes = 2 * staging_->bytes;
     last_op_ = batch.front()->sig.describe() + (count > 1 ? " and " + std::to_string(count - 1) + " fused" : "");
     idle_since_ = std::chrono::steady_clock::now();
   }

@@ -148,6 +148,11 @@ class Engine {
     uint64_t operations = 0;   // operations completed
     uint64_t rounds = 0;       // coordination rounds (fused batches count once)
     uint64_t fused_tensors = 0;  // allreduces that ran inside a fused batch of two or more
+    // Memory the engine holds between operations (as of the last one that ended).
+    uint64_t shm_allocations = 0;      // collective (re)allocations of the shared window
+    uint64_t shm_segment_bytes = 0;    // this rank's segment of the shared window
+    uint64_t fusion_buffer_bytes = 0;  // the host fusion buffer (paths without a shared window)
+    uint64_t staging_bytes = 0;        // the two staging chunks (device data, or forced staging)
   };
   Stats stats() const;
 
