@@ -154,6 +154,7 @@ Engine::Stats Engine::stats() const {
 
 ShmWindow& Engine::shm() {
   if (!shm_) shm_ = std::make_unique<ShmWindow>(topo_.local);
+  shm_->set_growth_limit(active_.fusion_threshold_bytes);  // the same on every rank (agreed options)
   return *shm_;
 }
 
@@ -285,7 +286,7 @@ size_t Engine::execute(std::vector<Op*>& batch) {
     stats_.operations += count;
     if (count > 1) stats_.fused_tensors += count;
     if (shm_) stats_.shm_allocations = shm_->allocations(), stats_.shm_segment_bytes = shm_->capacity();
-    stats_.fusion_buffer_bytes = fusion_buffer_.capacity();
+    stats_.fusion_buffer_bytes = fusion_buffer_.size();
     stats_.staging_bytes = 2 * staging_->bytes;
     last_op_ = batch.front()->sig.describe() + (count > 1 ? " and " + std::to_string(count - 1) + " fused" : "");
     idle_since_ = std::chrono::steady_clock::now();

@@ -11,7 +11,12 @@ void ShmWindow::reserve(size_t bytes) {
   // sequence of growing requests reallocates O(log(largest / first)) times.
   // Computed before release(), which forgets the old capacity. Rounded to
   // 4 KiB so each segment starts on its own page.
-  size_t want = std::max(bytes, capacity_ * 2);
+  // Requests up to the growth limit (the fusion threshold: no fused batch is
+  // larger) double at most up to it, so the window settles at the threshold
+  // instead of up to twice it.
+  size_t doubled = capacity_ * 2;
+  if (bytes <= growth_limit_) doubled = std::min(doubled, growth_limit_);
+  size_t want = std::max(bytes, doubled);
   want = std::max<size_t>((want + 4095) & ~size_t(4095), 4096);
   release();
   MPI_Info info;

@@ -29,6 +29,9 @@ class ShmWindow {
   // check guarantees it).
   void reserve(size_t bytes);
 
+  // Growth of requests up to `bytes` stops there (see reserve); 0: plain doubling.
+  void set_growth_limit(size_t bytes) { growth_limit_ = bytes; }
+
   char* segment(int local_rank) const { return segments_[static_cast<size_t>(local_rank)]; }
   char* mine() const { return segment(rank_); }
   size_t capacity() const { return capacity_; }  // bytes per segment; the window holds size() of them
@@ -47,6 +50,7 @@ class ShmWindow {
   int rank_ = 0, size_ = 1;
   size_t capacity_ = 0;
   uint64_t allocations_ = 0;
+  size_t growth_limit_ = 0;
   std::vector<char*> segments_;
 };
 

@@ -41,6 +41,27 @@ def test_shm_window_grows_geometrically():
     assert pycomm.stats()["shm_allocations"] == s1["shm_allocations"]
 
 
+def test_shm_window_growth_stops_at_the_fusion_threshold():
+    """Doubling does not overshoot the fusion threshold (no fused batch is larger), so the window settles there."""
+    rank, size = pycomm.rank(), pycomm.size()
+    if size == 1 or pycomm.num_nodes() > 1:
+        pytest.skip("the shm window is used on one node of several ranks")
+    pycomm.allreduce(torch.ones(16384), algorithm="shm")  # a window of at least 64 KiB
+    cap = pycomm.stats()["shm_segment_bytes"]
+    old = pycomm.get_options()["fusion_threshold_bytes"]
+    limit = cap + 40960  # below 2 * cap: plain doubling would overshoot it
+    pycomm.set_options(fusion_threshold_bytes=limit)
+    try:
+        for i, n in enumerate(((cap + 4096) // 4, limit // 4)):
+            x = rank_data(rank, n, torch.float32, seed=710 + i)
+            assert_close(pycomm.allreduce(x, algorithm="shm"), "sum", size, torch.float32, seed=710 + i)
+        assert pycomm.stats()["shm_segment_bytes"] == limit
+        pycomm.allreduce(torch.ones(limit // 4 + 1024), algorithm="shm")  # above the limit: doubles again
+        assert pycomm.stats()["shm_segment_bytes"] == 2 * limit
+    finally:
+        pycomm.set_options(fusion_threshold_bytes=old)
+
+
 def test_every_rank_uses_rank_zeros_tune_table(tmp_path, monkeypatch, comm):
     """Ranks that find different tune tables (own home directories) all resolve "auto" from rank 0's."""
     import json
