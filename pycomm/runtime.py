@@ -297,7 +297,8 @@ OPTIONS = {
     "ring_chunk_bytes": ("PYCOMM_RING_CHUNK_BYTES", int, 1 << 19,
                          "pipeline chunk of the ring allreduce"),
     "auto_ring_min_bytes": ("PYCOMM_AUTO_RING_MIN_BYTES", int, 1 << 16,
-                            "below this, algorithm='auto' uses MPI's Allreduce"),
+                            "below this, algorithm='auto' uses MPI's Allreduce (jobs of several nodes or one rank; "
+                            "on one node of several ranks auto uses shm at every size)"),
     "check_consistency": ("PYCOMM_CHECK_CONSISTENCY", bool, True,
                           "compare every call across ranks; disagreements raise CommError everywhere"),
     "fusion_threshold_bytes": ("PYCOMM_FUSION_THRESHOLD", int, 64 << 20,

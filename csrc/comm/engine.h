@@ -35,7 +35,7 @@ const char* algorithm_name(Algorithm a);
 
 struct EngineOptions {
   size_t ring_chunk_bytes = size_t(1) << 19;     // 512 KiB pipeline chunks
-  size_t auto_ring_min_bytes = size_t(1) << 16;  // below this "auto" uses MPI_Allreduce
+  size_t auto_ring_min_bytes = size_t(1) << 16;  // below this "auto" uses MPI_Allreduce (not on one node: shm)
   bool check_consistency = true;                 // coordinate (and compare) before each operation
   size_t fusion_threshold_bytes = size_t(64) << 20;  // 0 disables fusion
   double cycle_time_ms = 2.0;  // how long a fusable allreduce may wait for company
