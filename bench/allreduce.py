@@ -291,7 +291,8 @@ def main(argv=None):
                         "pycomm.allreduce, interleaved call by call, at 4 KiB, 64 KiB, 1 MiB and 16 MiB")
     p.add_argument("--model", action="store_true",
                    help="also measure copy bandwidth with all ranks copying at once and print the memory-traffic "
-                        "bound of 'shm' beside its measurement")
+                        "bound of 'shm' beside its measurement, and pycomm.cost_model's prediction beside every "
+                        "pycomm algorithm's time (constants measured in the same run)")
     p.add_argument("--testbed", metavar="HOSTSxRANKS",
                    help="run inside emulated hosts joined by a shaped link, e.g. 2x2 (pycomm-testbed; needs root)")
     p.add_argument("--link-gbps", type=float, default=1.0, help="link rate of --testbed, Gbit/s")
@@ -399,7 +400,26 @@ def main(argv=None):
                 shm_us = f"{m['shm_us']:.1f}" if m["shm_us"] else "-"
                 print(f"  {human(m['size']):>10} {m['copy_GBps_per_rank']:>15.2f} {m['shm_bound_us']:>11.1f} "
                       f"{shm_us:>11} {eff:>10}")
-        rows_out = dict(rows=rows, model=model_rows)
+        # pycomm.cost_model: every pycomm algorithm's predicted time beside its measured one.
+        from pycomm import cost_model
+
+        machine = cost_model.measure(pycomm.world_comm(), pycomm.local_comm(), topo)
+        predicted = []
+        for r in rows:
+            name = r["impl"]
+            if name not in cost_model.ALGORITHMS + cost_model.COMPRESSED:
+                continue
+            t = cost_model.predict(name, r["size"], machine, comm.size, topo.num_nodes)
+            predicted.append(dict(impl=name, size=r["size"], predicted_us=t * 1e6, measured_us=r["time_us"]))
+        if comm.rank == 0:
+            print("# pycomm.cost_model, constants measured in this run: " +
+                  ", ".join(f"{k} {v:.3g}" for k, v in machine.to_dict().items()))
+            print(f"# {'size':>10} {'impl':>20} {'predicted_us':>13} {'measured_us':>12} {'measured/pred':>13}")
+            for m in predicted:
+                ratio = m["measured_us"] / m["predicted_us"] if m["predicted_us"] > 0 else float("nan")
+                print(f"  {human(m['size']):>10} {m['impl']:>20} {m['predicted_us']:>13.1f} {m['measured_us']:>12.1f} "
+                      f"{ratio:>13.2f}")
+        rows_out = dict(rows=rows, model=model_rows, cost_model=dict(constants=machine.to_dict(), rows=predicted))
     else:
         rows_out = rows
     if comm.rank == 0:

@@ -183,13 +183,9 @@ def init(ranks_per_node: Optional[int] = None, abort_on_exception: bool = True) 
         options_from_env(),
     )
     _state.world, _state.local, _state.cross, _state.control, _state.topology = world, local, cross, control, topo
-    from .tune import load_table
-
-    # Measured crossovers for algorithm="auto", if pycomm-tune stored some. Set on
-    # every rank, even when empty: set_options is agreed by all ranks, so ranks
-    # that found different tables (and would pick different algorithms) fail here.
-    table = load_table(topo)
-    _C.set_options({"auto_table": table or []})
+    # Measured crossovers for algorithm="auto", if pycomm-tune stored some: rank
+    # 0's table, broadcast, so every rank resolves "auto" identically.
+    _C.set_options({"auto_table": agreed_tune_table(topo, world)})
     from .timeline import start_from_env
 
     start_from_env(topo.rank)  # PYCOMM_TIMELINE
@@ -197,6 +193,36 @@ def init(ranks_per_node: Optional[int] = None, abort_on_exception: bool = True) 
     if abort_on_exception:
         _install_abort_hook()
     return topo
+
+
+def agreed_tune_table(topo: Topology, comm) -> list:
+    """The "auto" table every rank uses: rank 0's stored table (``pycomm-tune``), broadcast on ``comm``.
+
+    Each rank may see another file (its own home directory, another host's
+    cache), and "auto" resolved from different tables would run different
+    algorithms on different ranks. So only rank 0's counts; a rank whose own
+    table differs warns once that it is not used. Without a table for this
+    shape, rank 0 builds one from the stored cost-model constants
+    (pycomm.cost_model), if any. Empty: the built-in rule. Collective over ``comm``.
+    """
+    from .tune import available_algorithms, load_model, load_table, table_path
+
+    mine = load_table(topo)
+    if comm.rank == 0 and mine is None:
+        # No measured table for this shape: the cost model's winners, if the machine's constants are stored.
+        machine = load_model()
+        if machine is not None and topo.size > 1 and topo.homogeneous:
+            from .cost_model import auto_table
+
+            mine = auto_table(machine, topo.size, topo.num_nodes, algorithms=available_algorithms(topo))
+    table = comm.bcast(mine if comm.rank == 0 else None, root=0) or []
+    if comm.rank != 0 and mine is not None and [tuple(e) for e in mine] != [tuple(e) for e in table]:
+        import warnings
+
+        warnings.warn(f"pycomm rank {comm.rank}: its tune table {table_path(topo)} differs from rank 0's; "
+                      "every rank uses rank 0's so that algorithm='auto' means the same everywhere", UserWarning,
+                      stacklevel=2)
+    return [(int(b), str(a)) for b, a in table]
 
 
 def shutdown() -> None:
@@ -275,7 +301,8 @@ OPTIONS = {
     "ring_chunk_bytes": ("PYCOMM_RING_CHUNK_BYTES", int, 1 << 19,
                          "pipeline chunk of the ring allreduce"),
     "auto_ring_min_bytes": ("PYCOMM_AUTO_RING_MIN_BYTES", int, 1 << 16,
-                            "below this, algorithm='auto' uses MPI's Allreduce"),
+                            "below this, algorithm='auto' uses MPI's Allreduce (jobs of several nodes or one rank; "
+                            "on one node of several ranks auto uses shm at every size)"),
     "check_consistency": ("PYCOMM_CHECK_CONSISTENCY", bool, True,
                           "compare every call across ranks; disagreements raise CommError everywhere"),
     "fusion_threshold_bytes": ("PYCOMM_FUSION_THRESHOLD", int, 64 << 20,
@@ -339,6 +366,8 @@ def get_options() -> dict:
 
 
 def stats() -> dict:
-    """Engine counters: operations completed, coordination rounds, tensors that ran fused."""
+    """Engine counters: operations completed, coordination rounds, tensors that ran fused, and the
+    memory the engine keeps between operations: shm_allocations (collective reallocations of the shared
+    window; it grows geometrically), shm_segment_bytes, fusion_buffer_bytes, staging_bytes."""
     topology()
     return dict(_C.stats())

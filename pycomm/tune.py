@@ -9,8 +9,10 @@ to --max-bytes; the median of the slowest rank decides. The winners become a
 table of (largest message in bytes, algorithm) that ``pycomm.init()`` loads
 for a job of the same shape (ranks, nodes, ranks per node) from
 ``$PYCOMM_TUNE_DIR`` (default ``~/.cache/pycomm``). Without a table, "auto"
-uses the built-in rule: MPI's Allreduce below 64 KiB, then hierarchical across
-nodes, shm on one node, ring otherwise.
+uses the cost model's winners when pycomm-tune stored the machine's constants
+(``machine.json`` beside the tables, for any job shape; pycomm.cost_model),
+else the built-in rule (pycomm.resolve_algorithm; README, Allreduce algorithms).
+``--model-only`` measures only the constants.
 """
 from __future__ import annotations
 
@@ -59,6 +61,25 @@ def load_table(topo) -> Optional[List[Tuple[int, str]]]:
     return table
 
 
+def model_path() -> str:
+    """The machine's cost-model constants (pycomm.cost_model), measured by pycomm-tune for any job shape."""
+    return os.path.join(tune_dir(), "machine.json")
+
+
+def load_model():
+    """The stored cost_model.Machine, or None (no file, or a stale or foreign one)."""
+    from .cost_model import Machine
+
+    try:
+        with open(model_path()) as f:
+            data = json.load(f)
+        if data.get("version") != TUNE_VERSION:
+            return None
+        return Machine.from_dict(data["constants"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def crossover_table(best: List[Tuple[int, str]]) -> List[Tuple[int, str]]:
     """[(size, winner)] sorted by size -> [(largest size, algorithm)], merging neighbours
     with the same winner; the last entry covers every larger message."""
@@ -88,13 +109,30 @@ def main(argv=None) -> int:
     p.add_argument("--max-bytes", type=int, default=64 << 20)
     p.add_argument("--iters", type=int, default=7)
     p.add_argument("--dry-run", action="store_true", help="print the table, do not store it")
+    p.add_argument("--model-only", action="store_true",
+                   help="only measure the cost model's constants (alpha, beta, gamma, ...) and store them")
     args = p.parse_args(argv)
 
     import pycomm
     from mpi4py import MPI
 
+    from . import cost_model
+
     topo = pycomm.init()
     comm = MPI.COMM_WORLD
+    machine = cost_model.measure(pycomm.world_comm(), pycomm.local_comm(), topo)
+    if comm.rank == 0:
+        print("cost model constants: " + ", ".join(f"{k} {v:.3g}" for k, v in machine.to_dict().items()), flush=True)
+        if not args.dry_run:
+            os.makedirs(tune_dir(), exist_ok=True)
+            with open(model_path(), "w") as f:
+                json.dump(dict(version=TUNE_VERSION, ranks=topo.size, nodes=topo.num_nodes,
+                               constants=machine.to_dict()), f, indent=1)
+            print(f"stored in {model_path()}; pycomm.init() builds auto's table from it for job shapes "
+                  "without a measured table")
+    if args.model_only:
+        pycomm.shutdown()
+        return 0
     algos = available_algorithms(topo)
     best, rows = [], []
     size = args.min_bytes
@@ -103,10 +141,12 @@ def main(argv=None) -> int:
         timing = {a: measure(a, size, iters, comm) for a in algos}
         winner = min(timing, key=timing.get)
         best.append((size, winner))
-        rows.append(dict(size=size, times_us={a: t * 1e6 for a, t in timing.items()}, winner=winner))
+        predicted = {a: cost_model.predict(a, size, machine, topo.size, topo.num_nodes) * 1e6 for a in algos}
+        rows.append(dict(size=size, times_us={a: t * 1e6 for a, t in timing.items()}, winner=winner,
+                         predicted_us=predicted))
         if comm.rank == 0:
-            print(f"{size:>12} B  " + "  ".join(f"{a} {t * 1e6:9.1f} us" for a, t in timing.items())
-                  + f"  -> {winner}", flush=True)
+            print(f"{size:>12} B  " + "  ".join(f"{a} {t * 1e6:9.1f} us (model {predicted[a]:.1f})"
+                                               for a, t in timing.items()) + f"  -> {winner}", flush=True)
         size *= 4
     table = crossover_table(best)
     if comm.rank == 0:
@@ -116,7 +156,8 @@ def main(argv=None) -> int:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w") as f:
                 json.dump(dict(version=TUNE_VERSION, virtual_nodes=topo.virtual_nodes, ranks=topo.size,
-                               nodes=topo.num_nodes, local_size=topo.local_size, table=table, rows=rows), f, indent=1)
+                               nodes=topo.num_nodes, local_size=topo.local_size, table=table, rows=rows,
+                               model=machine.to_dict()), f, indent=1)
             print(f"stored in {path}; pycomm.init() loads it for jobs of this shape")
     pycomm.shutdown()
     return 0

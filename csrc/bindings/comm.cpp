@@ -379,6 +379,10 @@ void register_comm(py::module_& m) {
     d["operations"] = s.operations;
     d["rounds"] = s.rounds;
     d["fused_tensors"] = s.fused_tensors;
+    d["shm_allocations"] = s.shm_allocations;
+    d["shm_segment_bytes"] = s.shm_segment_bytes;
+    d["fusion_buffer_bytes"] = s.fusion_buffer_bytes;
+    d["staging_bytes"] = s.staging_bytes;
     return d;
   });
   m.def("resolve_algorithm", [](const std::string& algorithm, size_t bytes) {

@@ -35,7 +35,7 @@ const char* algorithm_name(Algorithm a);
 
 struct EngineOptions {
   size_t ring_chunk_bytes = size_t(1) << 19;     // 512 KiB pipeline chunks
-  size_t auto_ring_min_bytes = size_t(1) << 16;  // below this "auto" uses MPI_Allreduce
+  size_t auto_ring_min_bytes = size_t(1) << 16;  // below this "auto" uses MPI_Allreduce (not on one node: shm)
   bool check_consistency = true;                 // coordinate (and compare) before each operation
   size_t fusion_threshold_bytes = size_t(64) << 20;  // 0 disables fusion
   double cycle_time_ms = 2.0;  // how long a fusable allreduce may wait for company
@@ -154,6 +154,11 @@ class Engine {
     uint64_t operations = 0;   // operations completed
     uint64_t rounds = 0;       // coordination rounds (fused batches count once)
     uint64_t fused_tensors = 0;  // allreduces that ran inside a fused batch of two or more
+    // Memory the engine holds between operations (as of the last one that ended).
+    uint64_t shm_allocations = 0;      // collective (re)allocations of the shared window
+    uint64_t shm_segment_bytes = 0;    // this rank's segment of the shared window
+    uint64_t fusion_buffer_bytes = 0;  // the host fusion buffer (paths without a shared window)
+    uint64_t staging_bytes = 0;        // the two staging chunks (device data, or forced staging)
   };
   Stats stats() const;
 

@@ -7,11 +7,18 @@ namespace comm {
 
 void ShmWindow::reserve(size_t bytes) {
   if (bytes <= capacity_ && win_ != MPI_WIN_NULL) return;
-  release();
-  // Grow geometrically so a training run settles on one window quickly;
-  // round to 4 KiB so each segment starts on its own page.
-  size_t want = std::max(bytes, capacity_ * 2);
+  // Grow geometrically so a training run settles on one window quickly: a
+  // sequence of growing requests reallocates O(log(largest / first)) times.
+  // Computed before release(), which forgets the old capacity. Rounded to
+  // 4 KiB so each segment starts on its own page.
+  // Requests up to the growth limit (the fusion threshold: no fused batch is
+  // larger) double at most up to it, so the window settles at the threshold
+  // instead of up to twice it.
+  size_t doubled = capacity_ * 2;
+  if (bytes <= growth_limit_) doubled = std::min(doubled, growth_limit_);
+  size_t want = std::max(bytes, doubled);
   want = std::max<size_t>((want + 4095) & ~size_t(4095), 4096);
+  release();
   MPI_Info info;
   PYCOMM_MPI_CHECK(MPI_Info_create(&info));
   // Non-contiguous segments let each rank's segment live in its own NUMA domain.
@@ -30,6 +37,7 @@ void ShmWindow::reserve(size_t bytes) {
   }
   PYCOMM_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_));
   capacity_ = want;
+  ++allocations_;
 }
 
 void ShmWindow::fence() {

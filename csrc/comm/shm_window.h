@@ -6,6 +6,7 @@
 #pragma once
 #include <mpi.h>
 
+#include <cstdint>
 #include <vector>
 
 #include "common.h"
@@ -28,9 +29,13 @@ class ShmWindow {
   // check guarantees it).
   void reserve(size_t bytes);
 
+  // Growth of requests up to `bytes` stops there (see reserve); 0: plain doubling.
+  void set_growth_limit(size_t bytes) { growth_limit_ = bytes; }
+
   char* segment(int local_rank) const { return segments_[static_cast<size_t>(local_rank)]; }
   char* mine() const { return segment(rank_); }
-  size_t capacity() const { return capacity_; }
+  size_t capacity() const { return capacity_; }  // bytes per segment; the window holds size() of them
+  uint64_t allocations() const { return allocations_; }  // collective (re)allocations so far
   int rank() const { return rank_; }
   int size() const { return size_; }
 
@@ -44,6 +49,8 @@ class ShmWindow {
   MPI_Win win_ = MPI_WIN_NULL;
   int rank_ = 0, size_ = 1;
   size_t capacity_ = 0;
+  uint64_t allocations_ = 0;
+  size_t growth_limit_ = 0;
   std::vector<char*> segments_;
 };
 

@@ -16,6 +16,92 @@ def gather_bytes(comm, t: torch.Tensor):
     return comm.allgather(raw)
 
 
+def test_shm_window_grows_geometrically():
+    """32 growing requests over a 16x range reallocate the shared window at most log2(16) + 1 times.
+
+    First in the file so the window starts small (it never shrinks). Before the fix every larger
+    request reallocated (collectively, over the node): 16 or more times here.
+    """
+    rank, size = pycomm.rank(), pycomm.size()
+    if size == 1 or pycomm.num_nodes() > 1:
+        pytest.skip("the shm window is used on one node of several ranks")
+    s0 = pycomm.stats()
+    start = max(4096, s0["shm_segment_bytes"] + 4096)
+    requests = [(start + start * 15 * k // 31) // 4 for k in range(32)]  # float32 counts, growing to 16x
+    for i, n in enumerate(requests):
+        x = rank_data(rank, n, torch.float32, seed=700 + i)
+        assert_close(pycomm.allreduce(x, algorithm="shm"), "sum", size, torch.float32, seed=700 + i,
+                     what=f"shm request {i} ({4 * n} bytes)")
+    s1 = pycomm.stats()
+    grown = s1["shm_allocations"] - s0["shm_allocations"]
+    assert 1 <= grown <= 5, f"{grown} reallocations for a 16x range (doubling allows log2(16) + 1 = 5)"
+    assert 4 * requests[-1] <= s1["shm_segment_bytes"] < 2 * 4 * requests[-1] + 4096, s1
+    for _ in range(5):  # settled: the same sizes again reallocate nothing
+        pycomm.allreduce(torch.ones(requests[-1]), algorithm="shm")
+    assert pycomm.stats()["shm_allocations"] == s1["shm_allocations"]
+
+
+def test_shm_window_growth_stops_at_the_fusion_threshold():
+    """Doubling does not overshoot the fusion threshold (no fused batch is larger), so the window settles there."""
+    rank, size = pycomm.rank(), pycomm.size()
+    if size == 1 or pycomm.num_nodes() > 1:
+        pytest.skip("the shm window is used on one node of several ranks")
+    pycomm.allreduce(torch.ones(16384), algorithm="shm")  # a window of at least 64 KiB
+    cap = pycomm.stats()["shm_segment_bytes"]
+    old = pycomm.get_options()["fusion_threshold_bytes"]
+    limit = cap + 40960  # below 2 * cap: plain doubling would overshoot it
+    pycomm.set_options(fusion_threshold_bytes=limit)
+    try:
+        for i, n in enumerate(((cap + 4096) // 4, limit // 4)):
+            x = rank_data(rank, n, torch.float32, seed=710 + i)
+            assert_close(pycomm.allreduce(x, algorithm="shm"), "sum", size, torch.float32, seed=710 + i)
+        assert pycomm.stats()["shm_segment_bytes"] == limit
+        pycomm.allreduce(torch.ones(limit // 4 + 1024), algorithm="shm")  # above the limit: doubles again
+        assert pycomm.stats()["shm_segment_bytes"] == 2 * limit
+    finally:
+        pycomm.set_options(fusion_threshold_bytes=old)
+
+
+def test_every_rank_uses_rank_zeros_tune_table(tmp_path, monkeypatch, comm):
+    """Ranks that find different tune tables (own home directories) all resolve "auto" from rank 0's."""
+    import json
+    import warnings
+
+    from pycomm import runtime, tune
+
+    rank, size = pycomm.rank(), pycomm.size()
+    topo = pycomm.topology()
+    mine = [(2 ** 62, "ring")] if rank == 0 else [(1000, "mpi"), (2 ** 62, "ring" if rank % 2 else "mpi")]
+    monkeypatch.setenv("PYCOMM_TUNE_DIR", str(tmp_path))  # a directory of this rank's own
+    with open(tune.table_path(topo), "w") as f:
+        json.dump(dict(version=tune.TUNE_VERSION, virtual_nodes=topo.virtual_nodes, table=mine), f)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        table = runtime.agreed_tune_table(topo, pycomm.world_comm())
+    assert table == [(2 ** 62, "ring")]
+    differs = [w for w in caught if "differs from rank 0's" in str(w.message)]
+    assert len(differs) == (1 if rank else 0), [str(w.message) for w in caught]
+    old = pycomm.get_options()["auto_table"]
+    pycomm.set_options(auto_table=table)
+    try:
+        picks = comm.allgather([pycomm.resolve_algorithm("auto", b) for b in (100, 1 << 20)])
+        assert picks == [["ring", "ring"]] * size, picks
+        x = rank_data(rank, 5003, torch.float32, seed=77)
+        assert_close(pycomm.allreduce(x), "sum", size, torch.float32, seed=77, what="auto from rank 0's table")
+    finally:
+        pycomm.set_options(auto_table=[tuple(e) for e in old])
+
+
+def test_ranks_setting_different_auto_tables_all_raise():
+    if pycomm.size() == 1:
+        pytest.skip("needs two ranks to disagree")
+    old = pycomm.get_options()["auto_table"]
+    table = [(2 ** 62, "ring" if pycomm.rank() == 0 else "mpi")]
+    with pytest.raises(pycomm.CommError, match="ranks disagree on the call.*engine options"):
+        pycomm.set_options(auto_table=table)
+    assert pycomm.get_options()["auto_table"] == old  # nothing changed, on any rank
+
+
 @pytest.mark.parametrize("algorithm", pycomm.collectives.ALLREDUCE_ALGORITHMS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sum_matches_reference_and_is_identical_on_all_ranks(algorithm, dtype, comm):

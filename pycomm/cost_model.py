@@ -1,0 +1,247 @@
+"""pycomm.cost_model: predicted allreduce time of each algorithm from measured machine constants.
+
+The alpha-beta-gamma model (Thakur, Rabenseifner and Gropp 2005; Patarasuk and
+Yuan 2009) extended by the costs pycomm's own paths add. For S bytes on N
+ranks, M nodes of L ranks each:
+
+    alpha    s per point-to-point message inside a node (latency)
+    beta     s per byte sent point to point inside a node
+    gamma    s per byte reduced (read two operands, write one)
+    delta    s per byte copied (the copies in and out of the shared window)
+    sync     s per fence of the shared window (MPI_Win_sync + barrier of the node)
+    alpha_x, beta_x   alpha and beta across nodes (equal to alpha, beta on one host)
+    kappa    s per float32 byte cast to or from fp16/bf16
+    omega    s per float32 byte of one 1-bit compression pass (signs, scale, residual)
+
+    ring(S, N)   = 2(N-1) alpha + 2(N-1)/N S beta + (N-1)/N S gamma
+    mpi(S, N)    = min(recursive doubling  ceil(log2 N) (alpha + S beta + S gamma),
+                       reduce-scatter + allgather  2 ceil(log2 N) alpha + 2(N-1)/N S beta + (N-1)/N S gamma)
+    shm(S, L)    = 3 sync + 2 S delta + (L-1)/L S gamma
+                   (copy in, reduce the own slice with the L-1 peers' slices, copy out)
+    hierarchical(S, M, L) = 3 sync + 2 S delta + (L-1)/L S gamma + ring_x(S/L, M)
+                   (shm reduce-scatter, one cross-node ring per local rank on its S/L shard, shm allgather)
+    hierarchical_master(S, M, L) = 4 sync + 2 S delta + (L-1)/L S gamma + (L-1)/L S delta + ring_x(S, M)
+                   (the master also collects the L-1 other slices, then rings the whole S among masters)
+    fp16 / bf16(S, N) = 2 S kappa + ring(S/2, N)      (cast in and out; half the bytes on the ring)
+    onebit(S, N) = 2(N-1) alpha + 2(N-1)/N (S/32 + 4N) beta + (2 + 2/N) S omega + S/N gamma
+                   (all-to-all and allgather of signs + one scale per chunk; the worker compresses
+                   all S and decompresses all S, the server recompresses and averages its S/N)
+
+ring_x is ring with alpha_x and beta_x. These are bounds of a simple model (no
+contention between ranks that share a core or the memory bus, no overlap of
+the ring's chunks); ``bench/allreduce.py --model`` prints them beside the
+measurements. ``pycomm-tune`` measures the constants (``measure``) and stores
+them beside its table; ``pycomm.init()`` builds the "auto" table from them
+(``auto_table``) when a job shape has constants but no measured table.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Dict, List, Optional, Tuple
+
+ALGORITHMS = ("ring", "mpi", "shm", "hierarchical", "hierarchical_master")
+COMPRESSED = ("fp16", "bf16", "onebit")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Measured constants, in seconds and seconds per byte (see the module's docstring)."""
+    alpha: float
+    beta: float
+    gamma: float
+    delta: float
+    sync: float
+    alpha_x: float
+    beta_x: float
+    kappa: float
+    omega: float
+
+    def __post_init__(self):
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"cost_model.Machine: {f.name} must be a finite number >= 0, got {v!r}")
+
+    def to_dict(self) -> Dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, float]) -> "Machine":
+        names = [f.name for f in fields(cls)]
+        missing = [n for n in names if n not in d]
+        if missing:
+            raise ValueError(f"cost_model.Machine: missing {', '.join(missing)}")
+        return cls(**{n: float(d[n]) for n in names})
+
+
+def _ring(S: float, N: int, alpha: float, beta: float, gamma: float) -> float:
+    if N <= 1 or S <= 0:
+        return 0.0
+    return 2 * (N - 1) * alpha + 2 * (N - 1) / N * S * beta + (N - 1) / N * S * gamma
+
+
+def _mpi(S: float, N: int, m: Machine) -> float:
+    if N <= 1 or S <= 0:
+        return 0.0
+    lg = math.ceil(math.log2(N))
+    doubling = lg * (m.alpha + S * m.beta + S * m.gamma)
+    rabenseifner = 2 * lg * m.alpha + 2 * (N - 1) / N * S * m.beta + (N - 1) / N * S * m.gamma
+    return min(doubling, rabenseifner)
+
+
+def _shm_part(S: float, L: int, m: Machine) -> float:
+    """Copy in, reduce the own slice, copy out, 3 fences: the node-local share of shm and hierarchical."""
+    return 3 * m.sync + 2 * S * m.delta + (L - 1) / L * S * m.gamma
+
+
+def predict(algorithm: str, nbytes: int, machine: Machine, ranks: int, nodes: int = 1) -> float:
+    """Predicted seconds of one allreduce of `nbytes` with `algorithm` (or fp16/bf16/onebit compression)."""
+    if ranks < 1 or nodes < 1 or ranks % nodes:
+        raise ValueError(f"cost_model.predict: {ranks} ranks on {nodes} nodes is not nodes of equal size")
+    if nbytes < 0:
+        raise ValueError(f"cost_model.predict: nbytes must be >= 0, got {nbytes}")
+    S, N, M, L, m = float(nbytes), ranks, nodes, ranks // nodes, machine
+    if N == 1 or S == 0:
+        return 0.0
+    if algorithm == "ring":
+        # One flat ring over all ranks: the slowest hop sets the pace when it spans nodes.
+        return _ring(S, N, m.alpha_x if M > 1 else m.alpha, m.beta_x if M > 1 else m.beta, m.gamma)
+    if algorithm == "mpi":
+        return _mpi(S, N, m if M == 1 else Machine(**{**m.to_dict(), "alpha": m.alpha_x, "beta": m.beta_x}))
+    if algorithm == "shm":
+        if M > 1:
+            raise ValueError("cost_model.predict: 'shm' runs on one node only")
+        return _shm_part(S, L, m)
+    if algorithm == "hierarchical":
+        if L == 1:
+            return _ring(S, M, m.alpha_x, m.beta_x, m.gamma)
+        return _shm_part(S, L, m) + _ring(S / L, M, m.alpha_x, m.beta_x, m.gamma)
+    if algorithm == "hierarchical_master":
+        if L == 1:
+            return _ring(S, M, m.alpha_x, m.beta_x, m.gamma)
+        return _shm_part(S, L, m) + m.sync + (L - 1) / L * S * m.delta + _ring(S, M, m.alpha_x, m.beta_x, m.gamma)
+    if algorithm in ("fp16", "bf16"):
+        a, b = (m.alpha_x, m.beta_x) if M > 1 else (m.alpha, m.beta)
+        return 2 * S * m.kappa + _ring(S / 2, N, a, b, m.gamma)
+    if algorithm == "onebit":
+        a, b = (m.alpha_x, m.beta_x) if M > 1 else (m.alpha, m.beta)
+        wire = S / 32 + 4 * N  # signs of S/4 elements and one float scale per chunk
+        return 2 * (N - 1) * a + 2 * (N - 1) / N * wire * b + (2 + 2 / N) * S * m.omega + S / N * m.gamma
+    raise ValueError(f"cost_model.predict: unknown algorithm {algorithm!r}; known: "
+                     f"{', '.join(ALGORITHMS + COMPRESSED)}")
+
+
+def available(ranks: int, nodes: int, homogeneous: bool = True) -> List[str]:
+    """The exact algorithms a job of this shape can run (as pycomm.tune.available_algorithms)."""
+    algos = ["mpi", "ring"]
+    if nodes == 1 and ranks > 1:
+        algos.append("shm")
+    if nodes > 1 and homogeneous:
+        algos += ["hierarchical", "hierarchical_master"]
+    return algos
+
+
+def best(nbytes: int, machine: Machine, ranks: int, nodes: int = 1,
+         algorithms: Optional[List[str]] = None) -> Tuple[str, float]:
+    """The algorithm with the smallest predicted time, and that time (ties: the first listed)."""
+    algos = algorithms or available(ranks, nodes)
+    times = {a: predict(a, nbytes, machine, ranks, nodes) for a in algos}
+    winner = min(algos, key=lambda a: times[a])
+    return winner, times[winner]
+
+
+def auto_table(machine: Machine, ranks: int, nodes: int = 1, min_bytes: int = 1 << 10,
+               max_bytes: int = 1 << 30, algorithms: Optional[List[str]] = None) -> List[Tuple[int, str]]:
+    """An "auto" table (largest message, algorithm) from the model's winners at powers of 2."""
+    from .tune import crossover_table
+
+    picks, size = [], min_bytes
+    while size <= max_bytes:
+        picks.append((size, best(size, machine, ranks, nodes, algorithms)[0]))
+        size *= 2
+    return crossover_table(picks)
+
+
+# ---------------------------------------------------------------- measuring the constants
+
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def measure(world, local, topo, iters: int = 21) -> Machine:
+    """Measure the constants on this job (collective over `world`).
+
+    alpha, beta: half the round trip of a ping-pong between world ranks 0 and 1
+    (the same node when it has two ranks) at 8 B and 4 MiB; alpha_x, beta_x: the
+    same between rank 0 and node 1's first rank (or alpha, beta on one node).
+    gamma, delta, kappa, omega: pycomm's own kernels on 4 Mi float32 elements
+    with every rank running at once (they share the memory bus in a collective
+    too), medians. sync: a barrier of the node. Latencies (ping-pong, barrier)
+    take the minimum over samples: on an oversubscribed or shared machine most
+    samples measure waiting for the peer's core, not the transport. Rank 0's
+    values are broadcast, so every rank holds the same model.
+    """
+    import time
+
+    import numpy as np
+    import torch
+
+    from . import kernels
+
+    def pingpong(peer_a: int, peer_b: int, nbytes: int) -> float:
+        buf = np.zeros(max(1, nbytes), dtype=np.uint8)
+        times = []
+        for i in range(iters + 2):
+            world.Barrier()
+            t0 = time.perf_counter()
+            if world.rank == peer_a:
+                world.Send(buf, dest=peer_b, tag=77)
+                world.Recv(buf, source=peer_b, tag=77)
+            elif world.rank == peer_b:
+                world.Recv(buf, source=peer_a, tag=77)
+                world.Send(buf, dest=peer_a, tag=77)
+            if i >= 2:
+                times.append((time.perf_counter() - t0) / 2)
+        return min(times)  # the uncontended cost: on a shared machine most samples wait for the peer's core
+
+    big = 4 << 20
+    alpha = beta = alpha_x = beta_x = 0.0
+    if world.size > 1:
+        t_small, t_big = pingpong(0, 1, 8), pingpong(0, 1, big)
+        alpha, beta = t_small, max(0.0, (t_big - t_small) / big)
+        alpha_x, beta_x = alpha, beta
+        if topo.num_nodes > 1:
+            other = topo.local_size  # world rank of node 1's first rank (nodes are consecutive blocks)
+            t_small, t_big = pingpong(0, other, 8), pingpong(0, other, big)
+            alpha_x, beta_x = t_small, max(0.0, (t_big - t_small) / big)
+
+    n = big // 4
+    a, b = torch.randn(n), torch.randn(n)
+    dst = torch.empty(n)
+    residual = torch.zeros(n)
+
+    def per_byte(fn) -> float:
+        fn()
+        times = []
+        for _ in range(max(5, iters // 3)):
+            world.Barrier()
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return _median(times) / big
+
+    gamma = per_byte(lambda: kernels.reduce_(a, b))
+    delta = per_byte(lambda: dst.copy_(b))
+    kappa = per_byte(lambda: kernels.cast_to_half(b))
+    omega = per_byte(lambda: kernels.onebit_compress(b, residual))
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        local.Barrier()
+        times.append(time.perf_counter() - t0)
+    sync = min(times) if local.size > 1 else 0.0
+    values = dict(alpha=alpha, beta=beta, gamma=gamma, delta=delta, sync=sync, alpha_x=alpha_x, beta_x=beta_x,
+                  kappa=kappa, omega=omega)
+    return Machine(**world.bcast(values if world.rank == 0 else None, root=0))
