@@ -383,6 +383,8 @@ void register_comm(py::module_& m) {
     d["shm_segment_bytes"] = s.shm_segment_bytes;
     d["fusion_buffer_bytes"] = s.fusion_buffer_bytes;
     d["staging_bytes"] = s.staging_bytes;
+    d["device_cache_bytes"] = s.device_cache_bytes;
+    d["device_cache_allocations"] = s.device_cache_allocations;
     return d;
   });
   m.def("resolve_algorithm", [](const std::string& algorithm, size_t bytes) {

@@ -313,6 +313,14 @@ size_t Engine::execute(std::vector<Op*>& batch) {
     if (shm_) stats_.shm_allocations = shm_->allocations(), stats_.shm_segment_bytes = shm_->capacity();
     stats_.fusion_buffer_bytes = fusion_buffer_.size();
     stats_.staging_bytes = 2 * staging_->bytes;
+    stats_.device_cache_bytes = stats_.device_cache_allocations = 0;
+    std::vector<const MemoryMover*> movers{host_mover_.get()};
+    for (const auto& m : cuda_movers_) movers.push_back(m.get());
+    for (const MemoryMover* m : movers) {
+      if (!m) continue;
+      stats_.device_cache_bytes += m->cached_bytes();
+      stats_.device_cache_allocations += m->allocations();
+    }
     last_op_ = batch.front()->sig.describe() + (count > 1 ? " and " + std::to_string(count - 1) + " fused" : "");
     idle_since_ = std::chrono::steady_clock::now();
   }
@@ -375,14 +383,15 @@ void Engine::run_allreduce(const AllreduceArgs& a) {
 
 // Device memory with a CUDA-aware MPI: device pointers go straight to MPI
 // (GPUDirect RDMA where the cluster has it) and the reductions run on the GPU.
-// There is no host shared-memory window on this path: `auto` maps shm to the
-// ring and hierarchical_master to hierarchical (its point-to-point device form);
+// There is no host shared-memory window on this path: `auto` maps shm to MPI's
+// allreduce below auto_ring_min_bytes and to the ring above, and
+// hierarchical_master to hierarchical (its point-to-point device form);
 // naming shm or hierarchical_master explicitly is an error.
 void Engine::run_device_allreduce(const AllreduceArgs& a) {
   const Buffer& out = a.output;
   Algorithm algo = resolve(a.algorithm, out.bytes(), active_);
   if (a.algorithm == Algorithm::AUTO) {
-    if (algo == Algorithm::SHM) algo = Algorithm::RING;
+    if (algo == Algorithm::SHM) algo = out.bytes() < active_.auto_ring_min_bytes ? Algorithm::MPI : Algorithm::RING;
     if (algo == Algorithm::HIERARCHICAL_MASTER) algo = Algorithm::HIERARCHICAL;
   } else if (algo == Algorithm::SHM || algo == Algorithm::HIERARCHICAL_MASTER) {
     throw CommError(std::string("allreduce algorithm '") + algorithm_name(algo) +

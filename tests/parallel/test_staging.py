@@ -83,3 +83,31 @@ def test_device_direct_auto_maps_shm_to_the_ring(comm):
         pycomm.set_options(force_device_direct=False, ring_chunk_bytes=old["ring_chunk_bytes"])
     assert_close(via_auto, "sum", size, torch.float32, seed=91, what="direct auto")
     assert torch.equal(via_auto, via_ring)
+
+
+def test_device_direct_working_memory_is_cached():
+    """The ring's device working memory is kept between calls (no cudaMalloc/cudaFree per call on a
+    GPU): a steady stream of allreduces allocates once; larger slots regrow it, at least doubling."""
+    rank, size = pycomm.rank(), pycomm.size()
+    if size == 1:
+        pytest.skip("one rank runs no ring")
+    old = pycomm.get_options()
+    try:
+        pycomm.set_options(force_device_direct=True, ring_chunk_bytes=4096)
+        x = rank_data(rank, 100_003, torch.float32, seed=93)
+        pycomm.allreduce(x.clone(), algorithm="ring")
+        first = pycomm.stats()
+        assert first["device_cache_bytes"] > 0 and first["device_cache_allocations"] >= 1
+        for _ in range(5):
+            y = pycomm.allreduce(x.clone(), algorithm="ring")
+        steady = pycomm.stats()
+        assert steady["device_cache_allocations"] == first["device_cache_allocations"]
+        assert steady["device_cache_bytes"] == first["device_cache_bytes"]
+        assert_close(y, "sum", size, torch.float32, seed=93, what="cached direct ring")
+        pycomm.set_options(ring_chunk_bytes=4096 * 3)  # slots 3x larger: one regrowth
+        pycomm.allreduce(x.clone(), algorithm="ring")
+        grown = pycomm.stats()
+        assert grown["device_cache_allocations"] == first["device_cache_allocations"] + 1
+        assert grown["device_cache_bytes"] >= 2 * first["device_cache_bytes"]
+    finally:
+        pycomm.set_options(force_device_direct=False, ring_chunk_bytes=old["ring_chunk_bytes"])
