@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import warnings
 import weakref
 from collections import OrderedDict
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
@@ -70,7 +71,7 @@ def ring_bytes_sent(payload_bytes: int, world_size: int) -> int:
 
 
 class _Bucket:
-    __slots__ = ("index", "params", "numel", "dtype", "buffer", "ready", "handle")
+    __slots__ = ("index", "params", "numel", "dtype", "buffer", "host", "ready", "handle")
 
     def __init__(self, index: int, params: List[torch.nn.Parameter]):
         self.index = index
@@ -78,6 +79,7 @@ class _Bucket:
         self.numel = sum(p.numel() for p in params)
         self.dtype = params[0].dtype
         self.buffer: Optional[torch.Tensor] = None
+        self.host: Optional[torch.Tensor] = None  # a device bucket's host copy, for compression
         self.ready = 0
         self.handle = None
 
@@ -95,8 +97,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         pycomm.compression.Compressor. The optimizer gets its own compressor
         (for onebit: its own error-feedback residuals, one pair per bucket,
         saved in ``state_dict()`` under "pycomm_compression", per rank).
-        Compression applies to float32 CPU buckets; other buckets (float64,
-        half, CUDA in this build) are reduced uncompressed.
+        Compression applies to float32 buckets (a CUDA bucket through a host
+        copy); buckets of other dtypes are reduced uncompressed, with one
+        warning at construction.
     backward_passes_per_step: backward passes accumulated locally per reduction.
     op: "avg" (default) or "sum" over ranks.
     bucket_mb: target bucket size in MiB (a larger parameter gets its own bucket).
@@ -172,6 +175,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
             collectives.check_tensor(p, "DistributedOptimizer", name)
             self._names[id(p)] = name
             trainable.append(p)
+        if not isinstance(self.compressor, _compression.NoCompression):
+            exact = sorted({str(p.dtype).replace("torch.", "") for p in trainable
+                            if not self.compressor.supports(p.dtype)})
+            if exact:  # said once, here: those buckets keep their full precision on the wire
+                warnings.warn(f"pycomm.DistributedOptimizer(compression={self.compression!r}): parameters of dtype "
+                              f"{', '.join(exact)} are reduced uncompressed; the compression applies to "
+                              f"{self.compression!r}'s dtypes (float32)", UserWarning, stacklevel=2)
 
         # Buckets in reverse registration order, cut by size and dtype only.
         cap = int(bucket_mb * (1 << 20))
@@ -267,7 +277,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         name = f"DistributedOptimizer.bucket{b.index}"
         nbytes = b.numel * b.buffer.element_size()
         if self._compressed(b):
-            b.handle = self.compressor.allreduce_async(b.buffer, op=self.op, name=name)
+            wire = b.buffer
+            if b.buffer.device.type != "cpu":
+                # The compressed allreduce runs on host memory: a device bucket is compressed through a
+                # host copy (the staged path), copied back in synchronize().
+                if b.host is None or b.host.numel() != b.numel or b.host.dtype != b.dtype:
+                    b.host = torch.empty(b.numel, dtype=b.dtype, pin_memory=torch.cuda.is_available())
+                b.host.copy_(b.buffer)
+                wire = b.host
+            b.handle = self.compressor.allreduce_async(wire, op=self.op, name=name)
             self.bytes_sent += self.compressor.wire_bytes(b.numel, size(), rank())
         else:
             b.handle = collectives.allreduce_async(b.buffer, op=self.op, algorithm=self.algorithm, name=name)
@@ -276,8 +294,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.bytes_reduced += nbytes
 
     def _compressed(self, b: _Bucket) -> bool:
-        return (not isinstance(self.compressor, _compression.NoCompression) and self.compressor.supports(b.dtype)
-                and b.buffer.device.type == "cpu")
+        return not isinstance(self.compressor, _compression.NoCompression) and self.compressor.supports(b.dtype)
 
     # -- step --------------------------------------------------------------
     @profiled("pycomm.DistributedOptimizer.synchronize")
@@ -295,6 +312,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         with torch.no_grad():
             for b in self._buckets:
                 b.handle.wait()
+                if b.buffer.device.type != "cpu" and self._compressed(b):
+                    b.buffer.copy_(b.host)
                 offset = 0
                 for p in b.params:
                     n = p.numel()

@@ -203,3 +203,49 @@ def test_bad_arguments():
         DistributedOptimizer(sgd, model.named_parameters(), op="max")
     with pytest.raises(ValueError, match="not in named_parameters"):
         DistributedOptimizer(sgd, list(model.named_parameters())[:2])
+
+
+def test_compression_says_which_dtypes_it_leaves_exact():
+    """float64 parameters cannot take fp16 compression: one warning at construction says so, and their
+    gradients are averaged exactly, while the float32 ones go through fp16."""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(5, 4), nn.Linear(4, 2).double())
+    with pytest.warns(UserWarning, match=r"compression='fp16'\): parameters of dtype float64 are reduced "
+                                         r"uncompressed"):
+        opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                   compression="fp16")
+    rank, size = pycomm.rank(), pycomm.size()
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float(rank + 1))
+    opt.synchronize()
+    mean = (size + 1) / 2
+    for p in model.parameters():
+        if p.dtype == torch.float64:  # exact: one float64 rounding of the sum times 1/N
+            torch.testing.assert_close(p.grad, torch.full_like(p, mean), rtol=1e-15, atol=0)
+        else:  # fp16 on the wire: the pre-divided terms (k+1)/N round to 11 bits
+            torch.testing.assert_close(p.grad, torch.full_like(p, mean), rtol=size * 2.0 ** -11, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_buckets_are_compressed_like_cpu_buckets():
+    """A CUDA bucket goes through the same compressed allreduce (via a host copy): onebit gives the
+    CPU model's gradients bitwise, step after step (the residuals carry over)."""
+    grads = {}
+    for device in ("cpu", "cuda"):
+        model = make_model().to(device)
+        opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                   compression="onebit")
+        out = []
+        for s in range(3):
+            x, y = global_batch(s, pycomm.size())
+            r = pycomm.rank()
+            opt.zero_grad()
+            loss_fn(model, x[r * PER_RANK:(r + 1) * PER_RANK].to(device), y[r * PER_RANK:(r + 1) * PER_RANK].to(device)).backward()
+            opt.synchronize()
+            out.append([p.grad.detach().cpu().clone() for p in model.parameters()])
+            with opt.skip_synchronize():
+                opt.step()
+        grads[device] = out
+    for a, b in zip(grads["cpu"], grads["cuda"]):
+        for ga, gb in zip(a, b):
+            torch.testing.assert_close(ga, gb, rtol=1e-5, atol=1e-6)  # forward/backward on the GPU round differently
