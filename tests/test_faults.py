@@ -184,10 +184,18 @@ def test_parameter_server_names_a_dead_worker(tmp_path):
     ended = time.time()
     assert rc != 0, out
     assert "UNREACHABLE" not in out, out
+    killed = float(out.split("KILLED AT ")[1].split()[0])
     line = next((ln for ln in out.splitlines() if "has died" in ln), None)
+    from pycomm import launcher
+
+    if line is None and launcher.mpi_flavour(launcher.find_launcher()) == "mpich":
+        # MPICH's launcher kills every process the moment one dies, often before the server's next
+        # liveness check; then the launcher's own report names the dead process, and the job ends at once.
+        assert "BAD TERMINATION" in out and "Killed (signal 9)" in out, out
+        assert ended - killed < 20, f"the job took {ended - killed:.1f} s to end after the kill:\n{out}"
+        return
     assert line is not None, out
     assert "pycomm.ps: server on rank 2: worker 1 (rank 1, pid " in line, line
-    killed = float(out.split("KILLED AT ")[1].split()[0])
     # The report comes within the 10 ms liveness check, then the launcher ends the job (0.4-0.6 s after a kill,
     # test_killed_rank_ends_the_job); 20 s leaves room for the loaded machine and is far below the 60 s stall report.
     assert ended - killed < 20, f"the job took {ended - killed:.1f} s to end after the kill:\n{out}"
