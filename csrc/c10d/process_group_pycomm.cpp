@@ -136,23 +136,33 @@ class PycommWork : public c10d::Work {
   bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
   std::exception_ptr exception() const override { return future_->exception_ptr(); }
   std::vector<at::Tensor> result() override { return outputs_; }
-  FutureRef getFuture() override { return future_; }
+  // Whoever asks for the future will wait on it: torch's DDP reducer asks right after launching each
+  // bucket, and a bucket already holds many gradients, so the engine does not hold it back for a
+  // fusion cycle (ops queued behind a running one still fuse). Measured: DDP on the MLP of
+  // bench/ddp_backends.py, 2 ranks, 1.15x gloo with the 2 ms cycle against 1.39x without it.
+  FutureRef getFuture() override {
+    flush();
+    return future_;
+  }
 
   // No per-call timeout: the engine's stall watchdog (PYCOMM_STALL_WARNING_S /
   // PYCOMM_STALL_ABORT_S) reports and ends operations that wait too long.
   bool wait(std::chrono::milliseconds /*timeout*/) override {
-    if (!future_->completed()) {
-      try {
-        bindings::engine_of(group_).flush();  // someone waits: do not hold it back for fusion
-      } catch (const comm::CommError&) {
-      }
-    }
+    flush();  // someone waits: do not hold it back for fusion
     future_->wait();
     if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
     return true;
   }
 
  private:
+  void flush() {
+    if (future_->completed()) return;
+    try {
+      bindings::engine_of(group_).flush();
+    } catch (const comm::CommError&) {  // the group is gone: wait() reports the operation's own error
+    }
+  }
+
   std::vector<at::Tensor> outputs_;
   FutureRef future_;
   int64_t group_;
