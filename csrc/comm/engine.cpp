@@ -194,6 +194,9 @@ WorkPtr Engine::enqueue(Op op, bool inline_if_idle) {
     return work;
   }
   queue_.push_back(std::move(op));
+  // A blocking caller waits for this op now and submits nothing more meanwhile:
+  // do not hold it back for a fusion cycle (what is already queued still fuses).
+  if (inline_if_idle) flush_ = true;
   lock.unlock();
   cv_.notify_all();
   return work;
