@@ -1,14 +1,18 @@
 """Parameter-server throughput: push+pull of a whole model against the ring allreduce of the same bytes.
 
     pycomm-run -np 4 python bench/ps.py [--min-bytes 1M] [--max-bytes 64M] [--iters 5] [--json out.json]
-                                        [--placements co-located,dedicated] [--profile]
+                                        [--placements co-located,dedicated] [--calls push_pull,push+pull]
+                                        [--profile]
 
 For each size S (one float32 tensor) and each placement (co-located: every
 rank a worker and a server; dedicated: the last rank only serves, the others
 work), every worker pushes S bytes of gradient and pulls the S bytes of
 weights back, all workers at once; time_us is the median over iterations of
 the slowest worker (push, pull and their replies, the servers' SGD update
-included). Columns:
+included). Two ways to call it, timed in the same run (--calls):
+  push_pull  ps.push_pull(name, g, w): one request (the local shard updated and copied out in one pass)
+  push+pull  h = ps.push_async(name, g); ps.pull(name, w); h.wait(): two requests
+Columns:
   GB/s     bytes moved per worker / time, defined to be comparable with the ring's busbw:
            co-located (K = N servers, one per rank): 2 (N-1)/N S / t. A worker pushes (N-1)/N S to the
            other ranks' servers and pulls (N-1)/N S back from them (its own shard stays in its process),
@@ -54,7 +58,7 @@ def human(n: int) -> str:
     return f"{n} B"
 
 
-def time_ps(nbytes: int, servers: int, iters: int):
+def time_ps(nbytes: int, servers: int, iters: int, call: str):
     """Median seconds per push+pull iteration (slowest worker); None on dedicated server ranks."""
     from mpi4py import MPI
 
@@ -70,9 +74,12 @@ def time_ps(nbytes: int, servers: int, iters: int):
     for i in range(iters + 1):
         ps.worker_comm.Barrier()
         t0 = time.perf_counter()
-        h = ps.push_async("w", g)
-        ps.pull("w", w)
-        h.wait()
+        if call == "push_pull":
+            ps.push_pull("w", g, w)
+        else:
+            h = ps.push_async("w", g)
+            ps.pull("w", w)
+            h.wait()
         dt = ps.worker_comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
         if i:
             times.append(dt)
@@ -89,6 +96,7 @@ def main() -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--placements", default="co-located,dedicated",
                    help="comma-separated: co-located, dedicated")
+    p.add_argument("--calls", default="push_pull,push+pull", help="comma-separated: push_pull, push+pull")
     p.add_argument("--profile", action="store_true", help="servers print their time breakdown (PYCOMM_PS_PROFILE=1)")
     a = p.parse_args()
     if a.profile:
@@ -97,6 +105,9 @@ def main() -> int:
     bad = [x for x in wanted if x not in ("co-located", "dedicated")]
     if bad or not wanted:
         p.error(f"--placements: {bad or wanted} not among co-located, dedicated")
+    calls = [x.strip() for x in a.calls.split(",") if x.strip()]
+    if not calls or any(c not in ("push_pull", "push+pull") for c in calls):
+        p.error(f"--calls: {calls} not among push_pull, push+pull")
     pycomm.init()
     N, rank = pycomm.size(), pycomm.rank()
     lo, hi = parse_size(a.min_bytes), parse_size(a.max_bytes)
@@ -111,23 +122,23 @@ def main() -> int:
         y = torch.empty_like(x)
         t_copy = median_time(lambda: y.copy_(x), pycomm.world_comm(), a.iters)
         copy_gbps = s / t_copy / 1e9
-        for label, k in placements:
-            t, ps = time_ps(s, k, a.iters)
+        for (label, k), call in [(pl, c) for pl in placements for c in calls]:
+            t, ps = time_ps(s, k, a.iters, call)
             t = pycomm.world_comm().bcast(t, root=0)  # rank 0 is always a worker
             K, W = ps.num_servers, ps.num_workers
             wire = 2 * s * (K - 1) / K if k == 0 else 2 * s
             gbps = wire / t / 1e9
-            rows.append({"size": s, "placement": label, "workers": W, "servers": K, "time_us": t * 1e6,
+            rows.append({"size": s, "placement": label, "call": call, "workers": W, "servers": K, "time_us": t * 1e6,
                          "GBps": gbps, "updates_per_s": W * K / t, "ring_time_us": t_ring * 1e6,
                          "ring_busbw_GBps": ring_bus, "ratio": gbps / ring_bus if ring_bus else float("nan"),
                          "copy_GBps": copy_gbps})
         s *= a.factor
     if rank == 0:
         print(f"pycomm.ps push+pull, {N} ranks, float32, median of {a.iters} (slowest worker)")
-        print(f"{'size':>9} {'placement':>11} {'W':>2} {'K':>2} {'time_us':>10} {'GB/s':>7} {'upd/s':>9} "
+        print(f"{'size':>9} {'placement':>11} {'call':>10} {'W':>2} {'K':>2} {'time_us':>10} {'GB/s':>7} {'upd/s':>9} "
               f"{'ring_us':>10} {'ring busbw':>10} {'ratio':>6} {'copy GB/s':>9}")
         for r in rows:
-            print(f"{human(r['size']):>9} {r['placement']:>11} {r['workers']:>2} {r['servers']:>2} "
+            print(f"{human(r['size']):>9} {r['placement']:>11} {r['call']:>10} {r['workers']:>2} {r['servers']:>2} "
                   f"{r['time_us']:>10.0f} {r['GBps']:>7.2f} {r['updates_per_s']:>9.0f} {r['ring_time_us']:>10.0f} "
                   f"{r['ring_busbw_GBps']:>10.2f} {r['ratio']:>5.2f}x {r['copy_GBps']:>9.2f}")
         if a.json:

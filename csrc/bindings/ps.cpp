@@ -162,6 +162,11 @@ void register_ps(py::module_& m) {
       .def("pull", [wrap](ps::Client& c, int64_t key, const at::Tensor& t) {
         return wrap(c.pull(key, t.numel(), float_data(t, "pycomm.ps.pull")), py::cast(t));
       })
+      .def("push_pull", [wrap](ps::Client& c, int64_t key, const at::Tensor& g, const at::Tensor& out) {
+        return wrap(c.push_pull(key, g.numel(), float_data(g, "pycomm.ps.push_pull"),
+                                float_data(out, "pycomm.ps.push_pull")),
+                    py::make_tuple(g, out));
+      })
       .def("clock", [wrap](ps::Client& c, int64_t clock) { return wrap(c.clock(clock), py::none()); })
       .def("clock_pull", [wrap](ps::Client& c, int64_t clock, std::vector<at::Tensor> outs) {
         std::vector<int64_t> totals;

@@ -81,15 +81,16 @@ std::unique_ptr<Request> Client::start() {
   auto r = std::unique_ptr<Request>(new Request());
   r->comm_ = comm_;
   r->tag_ = next_tag();
-  // Reserve so that header/reply addresses handed to MPI stay valid.
-  r->headers_.reserve(servers_.size());
+  // Reserve so that header/reply addresses handed to MPI stay valid (push_pull: two headers a server).
+  r->headers_.reserve(2 * servers_.size());
   r->replies_.reserve(servers_.size());
   r->requests_.reserve(3 * servers_.size());
   return r;
 }
 
-void Client::send_header(Request& r, int server, int64_t op, int64_t key, int64_t total, int64_t count, int64_t arg) {
-  r.headers_.push_back({op, key, total, count, arg, r.tag_, 0, 0});
+void Client::send_header(Request& r, int server, int64_t op, int64_t key, int64_t total, int64_t count, int64_t arg,
+                         int64_t out) {
+  r.headers_.push_back({op, key, total, count, arg, r.tag_, out, 0});
   r.requests_.emplace_back();
   PYCOMM_MPI_CHECK(MPI_Isend(r.headers_.back().data(), kHeaderWords, MPI_INT64_T, server, kTagRequest, comm_,
                              &r.requests_.back()));
@@ -162,11 +163,36 @@ std::unique_ptr<Request> Client::pull(int64_t key, int64_t total, float* out) {
                   static_cast<int64_t>(reinterpret_cast<intptr_t>(out + b)));
       continue;
     }
-    // Receives are posted before the request goes out, so the reply never waits for a buffer.
-    expect_reply(*r, servers_[j]);
-    r->requests_.emplace_back();
-    PYCOMM_MPI_CHECK(MPI_Irecv(out + b, checked_count(n), MPI_BYTE, servers_[j], r->tag_, comm_, &r->requests_.back()));
-    send_header(*r, servers_[j], kPull, key, total, static_cast<int64_t>(n), 0);
+    send_pull(*r, servers_[j], key, total, out + b, n);
+  }
+  return r;
+}
+
+// Receives are posted before the request goes out, so the reply never waits for a buffer.
+void Client::send_pull(Request& r, int server, int64_t key, int64_t total, float* out, size_t n) {
+  expect_reply(r, server);
+  r.requests_.emplace_back();
+  PYCOMM_MPI_CHECK(MPI_Irecv(out, checked_count(n), MPI_BYTE, server, r.tag_, comm_, &r.requests_.back()));
+  send_header(r, server, kPull, key, total, static_cast<int64_t>(n), 0);
+}
+
+std::unique_ptr<Request> Client::push_pull(int64_t key, int64_t total, const float* grad, float* out) {
+  auto r = start();
+  const int K = num_servers();
+  for (int j = 0; j < K; ++j) {
+    size_t b = part_begin(static_cast<size_t>(total), K, j), n = part_size(static_cast<size_t>(total), K, j);
+    if (n == 0) continue;
+    if (servers_[j] == rank_) {
+      expect_reply(*r, servers_[j]);
+      send_header(*r, servers_[j], kPushPullLocal, key, total, static_cast<int64_t>(n),
+                  static_cast<int64_t>(reinterpret_cast<intptr_t>(grad + b)),
+                  static_cast<int64_t>(reinterpret_cast<intptr_t>(out + b)));
+      continue;
+    }
+    // One worker's requests are served in order: the pull reads the shard after this push.
+    send_header(*r, servers_[j], kPush, key, total, static_cast<int64_t>(n), 0);
+    send_chunks(*r, servers_[j], grad + b, n);
+    send_pull(*r, servers_[j], key, total, out + b, n);
   }
   return r;
 }

@@ -49,6 +49,9 @@ class Client {
   std::unique_ptr<Request> init(int64_t key, int64_t total, const float* data);
   std::unique_ptr<Request> push(int64_t key, int64_t total, const float* data);
   std::unique_ptr<Request> pull(int64_t key, int64_t total, float* out);
+  // push(grad) then pull(out) of the same key as one request: out receives the weights with this
+  // push applied (as a push followed by a pull would); the local shard is updated and read in one pass.
+  std::unique_ptr<Request> push_pull(int64_t key, int64_t total, const float* grad, float* out);
   std::unique_ptr<Request> clock(int64_t c);
   // Clock c, and receive every tensor (ascending key; all must be initialized on the servers) as the
   // servers read them when the clock is answered. totals[i] elements land at outs[i].
@@ -63,7 +66,9 @@ class Client {
  private:
   std::unique_ptr<Request> start();
   int next_tag();
-  void send_header(Request& r, int server, int64_t op, int64_t key, int64_t total, int64_t count, int64_t arg);
+  void send_header(Request& r, int server, int64_t op, int64_t key, int64_t total, int64_t count, int64_t arg,
+                   int64_t out = 0);
+  void send_pull(Request& r, int server, int64_t key, int64_t total, float* out, size_t n);
   void expect_reply(Request& r, int server);
   std::unique_ptr<Request> simple(int64_t op, int64_t arg, bool reply);
   void send_chunks(Request& r, int server, const float* data, size_t n);

@@ -17,7 +17,10 @@
 // A worker's request to the server thread of its own process (co-located) carries
 // no data message: the header's arg is the address of the worker's buffer, the
 // server reads (push) or writes (pull) it in place and answers with a reply
-// header; the worker's wait() returns only after that answer.
+// header; the worker's wait() returns only after that answer. A push_pull of the
+// local shard is one request (kPushPullLocal): the server updates the shard block
+// by block and copies each block out while it is still in cache, so the local
+// pull never reads the shard from memory again.
 //
 // Bytes per push of S bytes over K servers: S/K data + 64 B header per server
 // (the local shard: 64 B header + 16 B answer); per pull the same in the other
@@ -38,6 +41,7 @@ constexpr int kHeaderWords = 8;
 constexpr size_t kChunkBytes = size_t(1) << 20;
 constexpr size_t kChunkFloats = kChunkBytes / sizeof(float);
 constexpr int kReplyWords = 2;
+constexpr size_t kScratchSlots = 4;  // a server's push receive window, in chunks
 
 enum Op : int64_t {
   kInit = 1,     // key, total, count | data: this server's shard of the initial value
@@ -54,12 +58,17 @@ enum Op : int64_t {
   kPushLocal = 11,  // as kPush from the server's own process; arg: address of the gradient's shard,
                     // reply tag -> [status, version] once applied
   kPullLocal = 12,  // as kPull from the server's own process; arg: address to write the shard to
+  kPushPullLocal = 13,  // kPushLocal then kPullLocal of the same key in one pass over the shard:
+                        // arg: the gradient's address, word kOutField: where the updated shard goes,
+                        // reply tag -> [status, version] once both are done
 };
 
 enum Status : int64_t { kOk = 0, kUninitialized = 1, kBadRequest = 2, kBadState = 3 };
 
-// Header layout: [op, key, total, count, arg, reply_tag, 0, 0].
-enum HeaderField { kOpField = 0, kKeyField = 1, kTotalField = 2, kCountField = 3, kArgField = 4, kReplyField = 5 };
+// Header layout: [op, key, total, count, arg, reply_tag, out, 0].
+enum HeaderField {
+  kOpField = 0, kKeyField = 1, kTotalField = 2, kCountField = 3, kArgField = 4, kReplyField = 5, kOutField = 6
+};
 
 constexpr int kHistogramBins = 64;  // staleness 0..62, and >= 63 in the last bin
 

@@ -249,6 +249,35 @@ void Server::recv_chunks(float* dst, size_t count, int source, const std::functi
   }
 }
 
+// A push's chunks land in a ring of kScratchSlots chunk buffers, kept in cache:
+// chunk c goes to slot c % kScratchSlots, the update reads it there, and the slot
+// is reposted for chunk c + kScratchSlots. MPI matches one source's messages of
+// one tag in order, so the c-th receive posted gets chunk c. Against receiving the
+// whole shard into a buffer of its size, the gradient never goes to memory and back.
+void Server::recv_push_chunks(size_t count, int source, const std::function<void(const float*, size_t, size_t)>& on_chunk) {
+  const size_t nchunks = (count + kChunkFloats - 1) / kChunkFloats;
+  const size_t slots = std::min(nchunks, kScratchSlots);
+  scratch_.resize(std::max(scratch_.size(), slots * kChunkFloats));
+  chunk_requests_.assign(slots, MPI_REQUEST_NULL);
+  auto post = [&](size_t c) {
+    size_t b = c * kChunkFloats, n = std::min(kChunkFloats, count - b);
+    PYCOMM_MPI_CHECK(MPI_Irecv(scratch_.data() + (c % slots) * kChunkFloats, static_cast<int>(n * sizeof(float)),
+                               MPI_BYTE, source, kTagData, comm_, &chunk_requests_[c % slots]));
+  };
+  auto t_post = Clock::now();
+  for (size_t c = 0; c < slots; ++c) post(c);
+  prof_.recv_s += since(t_post);
+  for (size_t c = 0; c < nchunks; ++c) {
+    size_t b = c * kChunkFloats, n = std::min(kChunkFloats, count - b);
+    auto t0 = Clock::now();
+    PYCOMM_MPI_CHECK(MPI_Wait(&chunk_requests_[c % slots], MPI_STATUS_IGNORE));
+    prof_.recv_s += since(t0);
+    prof_.chunks += 1;
+    if (on_chunk) on_chunk(scratch_.data() + (c % slots) * kChunkFloats, b, n);
+    if (c + slots < nchunks) post(c + slots);
+  }
+}
+
 // Every initialized shard, in key order, read now (a consistent snapshot of this server).
 void Server::pull_all(int dest, int tag, int worker) {
   int64_t n = 0;
@@ -291,6 +320,7 @@ void Server::serve(const int64_t* h, int source) {
     case kInit:
     case kPush:
     case kPushLocal:
+    case kPushPullLocal:
     case kLoad:
       handle_data(h, source, worker);
       return;
@@ -415,7 +445,7 @@ void Server::handle_data(const int64_t* h, int source, int worker) {
     reply(source, tag, ok ? kOk : kBadState, 0, nullptr, 0, false);
     return;
   }
-  const bool local = op == kPushLocal;
+  const bool local = op == kPushLocal || op == kPushPullLocal;
   if (local && source != rank_) {
     std::fprintf(stderr, "pycomm.ps: server on rank %d: an in-process push from rank %d; refused\n", rank_, source);
     reply(source, tag, kBadRequest, 0, nullptr, 0, false);
@@ -424,8 +454,7 @@ void Server::handle_data(const int64_t* h, int source, int worker) {
   Shard& s = shard_for(h[kKeyField], h[kTotalField], count, worker, "push");
   auto drain = [&] {  // a refused remote push still sends its chunks
     if (local) return;
-    scratch_.resize(std::max(scratch_.size(), count));
-    recv_chunks(scratch_.data(), count, source, nullptr);
+    recv_push_chunks(count, source, nullptr);
   };
   if (s.count != count || s.total != h[kTotalField]) {
     // The client checks shapes before sending; this guards against mismatched clients.
@@ -457,15 +486,30 @@ void Server::handle_data(const int64_t* h, int source, int worker) {
   }
   const kernels::PsUpdate u = begin_push(s, worker);
   if (local) {
-    // The worker's own buffer, read in place; it waits for the answer before reusing it.
-    apply_push(s, worker, reinterpret_cast<const float*>(h[kArgField]), 0, count, u);
-    s.version += 1;
+    // The worker's own buffers, used in place; it waits for the answer before reusing them.
+    const float* g = reinterpret_cast<const float*>(h[kArgField]);
+    if (op == kPushLocal) {
+      apply_push(s, worker, g, 0, count, u);
+      s.version += 1;
+    } else {
+      // Update a block, then copy it out while it is in cache: the shard is read once, not twice.
+      float* out = reinterpret_cast<float*>(h[kOutField]);
+      for (size_t b = 0; b < count; b += kChunkFloats) {
+        const size_t n = std::min(kChunkFloats, count - b);
+        apply_push(s, worker, g + b, b, n, u);
+        auto t0 = Clock::now();
+        std::memcpy(out + b, s.w.data() + b, n * sizeof(float));
+        prof_.copy_s += since(t0);
+      }
+      s.version += 1;
+      s.pulled_version[static_cast<size_t>(worker)] = s.version;
+      if (uses_backup()) backup(s, worker);
+    }
     reply(source, tag, kOk, static_cast<int64_t>(s.version), nullptr, 0, false);
     return;
   }
-  scratch_.resize(std::max(scratch_.size(), count));  // grows once: no allocation per push
-  recv_chunks(scratch_.data(), count, source,
-              [&](size_t b, size_t n) { apply_push(s, worker, scratch_.data() + b, b, n, u); });
+  recv_push_chunks(count, source,
+                   [&](const float* g, size_t b, size_t n) { apply_push(s, worker, g, b, n, u); });
   s.version += 1;
 }
 

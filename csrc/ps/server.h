@@ -91,6 +91,7 @@ class Server {
   kernels::PsUpdate begin_push(Shard& s, int worker);
   void print_profile() const;
   void backup(Shard& s, int worker);
+  void recv_push_chunks(size_t count, int source, const std::function<void(const float*, size_t, size_t)>& on_chunk);
   void recv_chunks(float* dst, size_t count, int source, const std::function<void(size_t, size_t)>& on_chunk);
   void pull_all(int dest, int tag, int worker);
   void answer_clocks();

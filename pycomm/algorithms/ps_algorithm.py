@@ -89,13 +89,17 @@ class PSAlgorithm(Algorithm):
         turn = self.schedule.turn() if self.schedule is not None else contextlib.nullcontext()
         grads = self._grads()
         with turn:
-            pushes = [self.ps.push_async(n, g) for n, g in zip(self.names, grads)]
-            self.pull()
-            for h in pushes:
-                h.wait()
+            self.exchange(grads)
         self.steps += 1
         self.num_syncs += 1
         self.bytes_sent = self.bytes_reduced = self.ps.bytes_pushed
+
+    def exchange(self, grads: List[torch.Tensor]) -> None:
+        """Push this step's gradients and pull the weights back: each tensor's push and pull travel as
+        one request (push_pull), so the weights come back with this gradient applied."""
+        hs = [self.ps.push_pull_async(n, g, p.data) for n, g, p in zip(self.names, grads, self.params)]
+        for h in hs:
+            h.wait()
 
     def pull(self) -> None:
         """Fetch the current weights into the model (requests follow this worker's pushes)."""

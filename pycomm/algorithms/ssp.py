@@ -33,5 +33,12 @@ class SSP(PSAlgorithm):
     def staleness_bound(self):
         return self.config.staleness
 
+    def exchange(self, grads) -> None:
+        """Push every gradient, then the clock: the weights come back once the bound lets this worker on."""
+        pushes = [self.ps.push_async(n, g) for n, g in zip(self.names, grads)]
+        self.pull()
+        for h in pushes:
+            h.wait()
+
     def pull(self) -> None:
         self.ps.clock_pull(dict(zip(self.names, [p.data for p in self.params])))

@@ -5,6 +5,7 @@
         ps.register(model.named_parameters())        # worker 0's values go to the servers, all pull them
         ps.push("fc.weight", grad); ps.pull("fc.weight", param)
         h = ps.push_async(name, g); h.wait()
+        ps.push_pull("fc.weight", grad, param)         # both in one request; the local shard in one pass
     else:
         ps.serve()                                    # dedicated server rank: until every worker is done
     ps.shutdown()
@@ -255,6 +256,30 @@ class ParameterServer:
 
     def pull(self, name: str, out: torch.Tensor) -> None:
         self.pull_async(name, out).wait()
+
+    def push_pull_async(self, name: str, grad: torch.Tensor, out: torch.Tensor) -> Handle:
+        """push(name, grad) then pull(name, out) as one request (BytePS's push_pull): `out` receives the
+        servers' value with this push applied, exactly as a push followed by a pull would give. The shard
+        of this rank's own server is updated and copied out in one pass. `grad` and `out` must not be
+        touched before the handle's wait(); they may not overlap."""
+        self._worker_only("push_pull")
+        e = self._check(name, grad, "push_pull")
+        self._check(name, out, "push_pull")
+        if not e.initialized:
+            raise ValueError(f"pycomm.ps.push_pull('{name}') on rank {self.rank}: '{name}' has no value on the "
+                             "servers yet as far as this worker knows; register() it, or init() / pull() it first")
+        g = grad.detach()
+        o = out.detach()
+        if g.numel() and g.data_ptr() < o.data_ptr() + o.numel() * 4 and o.data_ptr() < g.data_ptr() + g.numel() * 4:
+            raise ValueError(f"pycomm.ps.push_pull('{name}') on rank {self.rank}: grad and out share memory; "
+                             "pass a separate output (the servers read grad while they write out)")
+        req = self._client.push_pull(e.key, g, o)
+        self.bytes_pushed += e.numel * 4
+        self.bytes_pulled += e.numel * 4
+        return Handle(req, f"pycomm.ps.push_pull('{name}') on rank {self.rank}")
+
+    def push_pull(self, name: str, grad: torch.Tensor, out: torch.Tensor) -> None:
+        self.push_pull_async(name, grad, out).wait()
 
     def flush(self) -> None:
         """Return once every server has served every request this worker sent before."""

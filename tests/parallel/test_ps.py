@@ -45,7 +45,8 @@ def grad_of(w, k, turn):
     return (0.5 * w + g.standard_normal(w.shape)).astype(np.float32)
 
 
-def run_schedule(servers, rule_kw, order, seed=0, use_async=True, shapes=SHAPES):
+def run_schedule(servers, rule_kw, order, seed=0, mode="async", shapes=SHAPES):
+    """mode: "async" (push_async, then pull_async), "blocking" (push, then pull) or "push_pull"."""
     ps = ParameterServer(UpdateRule(**rule_kw), servers=servers)
     if not ps.is_worker:
         ps.serve()
@@ -71,7 +72,11 @@ def run_schedule(servers, rule_kw, order, seed=0, use_async=True, shapes=SHAPES)
             continue
         with sched.turn():
             gt = {n: torch.from_numpy(grads[n]) for n in shapes}
-            if use_async:
+            if mode == "push_pull":
+                hs = [ps.push_pull_async(n, gt[n], params[n]) for n in shapes]
+                for h in hs:
+                    h.wait()
+            elif mode == "async":
                 hs = [ps.push_async(n, gt[n]) for n in shapes]
                 hs += [ps.pull_async(n, params[n]) for n in shapes]
                 for h in hs:
@@ -112,28 +117,31 @@ def test_schedule_matches_numpy(servers, rule):
         pytest.skip(f"{servers} dedicated servers need more ranks")
     n = pycomm.size()
     W = n - servers
-    run_schedule(servers, rule, orders(W, 6 * W + 3, seed=servers + 7), use_async=servers != 1)
+    mode = {0: "push_pull", 1: "blocking", 2: "async"}[servers]
+    run_schedule(servers, rule, orders(W, 6 * W + 3, seed=servers + 7), mode=mode)
 
 
-# Shards of several chunks (pycomm.ps sends push data in 1 MiB chunks and updates each as it lands):
-# per server 2 full chunks and a remainder, the tensor's length not a multiple of the servers.
+# Shards of several chunks (pycomm.ps sends push data in 1 MiB chunks and updates each as it lands, in a
+# receive window of 4 chunk buffers; push_pull updates and copies the local shard chunk by chunk): per
+# server 5 full chunks and a remainder, so the window wraps, the tensor's length not a multiple of the servers.
 CHUNK = 1 << 18  # floats per chunk (protocol.h kChunkBytes / 4)
 
 
+@pytest.mark.parametrize("mode", ["async", "push_pull"])
 @pytest.mark.parametrize("servers", [0, 1])
-def test_multi_chunk_shards_match_numpy(servers):
+def test_multi_chunk_shards_match_numpy(servers, mode):
     if servers not in placements():
         pytest.skip(f"{servers} dedicated servers need more ranks")
     K = pycomm.size() if servers == 0 else servers
-    shapes = {"big": (K * (2 * CHUNK + 4099) + 3,), "b": (5,)}
+    shapes = {"big": (K * (5 * CHUNK + 4099) + 3,), "b": (5,)}
     W = pycomm.size() - servers
     rule = dict(lr=0.05, momentum=0.5, compensation="adaptive", dc_lambda=2.0)  # offsets of v, ms and w_bak
-    run_schedule(servers, rule, orders(W, 2 * W + 1, seed=servers + 3), shapes=shapes)
+    run_schedule(servers, rule, orders(W, 2 * W + 1, seed=servers + 3), shapes=shapes, mode=mode)
 
 
 def test_blocking_and_round_robin_staleness():
     """Round-robin turns: after the first round every gradient is exactly W-1 updates old."""
-    st = run_schedule(0, dict(lr=0.01), list(range(pycomm.size())) * 3, use_async=False)
+    st = run_schedule(0, dict(lr=0.01), list(range(pycomm.size())) * 3, mode="blocking")
     W = pycomm.size()
     assert st["max_staleness"] == W - 1
 
@@ -159,6 +167,13 @@ def test_bad_input_and_servers_keep_serving():
         ps.pull("later", torch.zeros(4))
     with pytest.raises(ValueError, match=r"push\('later'\) .* has no value on the servers yet"):
         ps.push("later", torch.zeros(4))
+    with pytest.raises(ValueError, match=rf"push_pull\('w'\) on rank {r}: shape \(9,\) differs"):
+        ps.push_pull("w", torch.zeros(10), torch.zeros(9))
+    with pytest.raises(ValueError, match=r"push_pull\('later'\) .* has no value on the servers yet"):
+        ps.push_pull("later", torch.zeros(4), torch.zeros(4))
+    shared = torch.zeros(10)
+    with pytest.raises(ValueError, match=r"push_pull\('w'\) .*grad and out share memory"):
+        ps.push_pull("w", shared, shared)
     # The servers still serve: a good push lands.
     ps.barrier()
     ps.push("w", torch.ones(10))
