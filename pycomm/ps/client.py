@@ -22,7 +22,6 @@ from __future__ import annotations
 import atexit
 import os
 import socket
-import struct
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
