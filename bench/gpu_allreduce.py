@@ -1,0 +1,171 @@
+"""Allreduce of device tensors: pycomm none / fp16 / onebit against torch.distributed and a device copy.
+
+    pycomm-run -np 2 python bench/gpu_allreduce.py                  # on a GPU machine (ranks may share a GPU)
+    pycomm-run -np 2 python bench/gpu_allreduce.py --min-bytes 1M --max-bytes 256M --iters 10 --json out.json
+    PYCOMM_FORCE_STAGING=1 pycomm-run -np 2 python bench/gpu_allreduce.py --device cpu --max-bytes 4M
+                                                                    # dry run of the staged path on CPU tensors
+
+For each size S (float32) it times, in the same run and on the same tensors:
+  copy        one device-to-device copy of S bytes on every rank at once (GB/s = S / t): the memory
+              bound every row below works against
+  pycomm-<c>  pycomm.allreduce(x, compression=c), c in none, fp16, onebit; busbw = S/t * 2(N-1)/N
+              (nccl-tests' definition, counting the uncompressed bytes: the compressed rows are
+              "effective" bandwidth); the device path in use is printed in the header
+  nccl        torch.distributed all_reduce over NCCL, where every rank of a node has a GPU of its own
+  gloo        otherwise torch.distributed over gloo on the same device tensors (NCCL refuses two
+              ranks on one GPU); the header says which baseline ran and why
+A row that cannot run prints its error instead of a figure (for example a compression that the
+device path does not take). Times are medians over --iters of the slowest rank, each iteration
+ended by torch.cuda.synchronize() on CUDA.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+
+import pycomm
+
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().rstrip("B").rstrip("I")
+    unit = text[-1] if text and text[-1] in UNITS else ""
+    return int(float(text[: len(text) - len(unit)]) * UNITS[unit])
+
+
+def human(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def slowest_median(fn, comm, iters: int, sync) -> float:
+    from mpi4py import MPI
+
+    times = []
+    for i in range(iters + 1):
+        sync()
+        comm.Barrier()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        if i:
+            times.append(dt)
+    return statistics.median(times)
+
+
+def init_torch_distributed(comm, backend: str) -> None:
+    import torch.distributed as dist
+
+    port = None
+    if comm.rank == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank,
+                            world_size=comm.size)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--min-bytes", default="1M", type=parse_size)
+    p.add_argument("--max-bytes", default="256M", type=parse_size)
+    p.add_argument("--factor", type=int, default=4)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--compressions", default="none,fp16,onebit")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                   help="cpu: a dry run on CPU tensors (with PYCOMM_FORCE_STAGING or PYCOMM_FORCE_DEVICE_DIRECT "
+                        "they take the device paths' code)")
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    if a.device == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device cuda: torch sees no CUDA device (torch {torch.__version__}, CUDA {torch.version.cuda}); "
+                "use --device cpu for a dry run")
+    pycomm.init()
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    N, rank = comm.size, comm.rank
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local_rank, local_size = node.rank, node.size
+    node.Free()
+    if a.device == "cuda":
+        gpus = torch.cuda.device_count()
+        dev = torch.device("cuda", local_rank % gpus)
+        torch.cuda.set_device(dev)
+        sync = torch.cuda.synchronize
+        import torch.distributed as dist
+
+        if dist.is_nccl_available() and local_size <= gpus:
+            backend, why = "nccl", "one GPU per rank"
+        else:
+            backend = "gloo"
+            why = (f"{local_size} ranks share {gpus} GPU(s), which NCCL refuses" if dist.is_nccl_available()
+                   else "this torch has no NCCL")
+        path = "CUDA-aware MPI" if pycomm._C.mpi_cuda_aware() else "staged through pinned host memory"
+    else:
+        dev, sync, backend, why = torch.device("cpu"), (lambda: None), "gloo", "CPU dry run"
+        path = ("device-direct stand-in" if os.environ.get("PYCOMM_FORCE_DEVICE_DIRECT") == "1" else
+                "staged stand-in" if os.environ.get("PYCOMM_FORCE_STAGING") == "1" else "host path")
+    init_torch_distributed(comm, backend)
+    import torch.distributed as dist
+
+    compressions = [c for c in a.compressions.split(",") if c]
+    rows = []
+    s = a.min_bytes
+    while s <= a.max_bytes:
+        n = s // 4
+        g = torch.Generator().manual_seed(rank + s)
+        x = torch.randn(n, generator=g).to(dev)
+        y = torch.empty_like(x)
+        row = {"size": s}
+        row["copy_GBps"] = s / slowest_median(lambda: y.copy_(x), comm, a.iters, sync) / 1e9
+        for c in compressions:
+            try:
+                t = slowest_median(lambda: pycomm.allreduce(x, compression=c, name=f"bench.{c}.{s}"), comm,
+                                   a.iters, sync)
+                row[c] = s / t / 1e9 * 2 * (N - 1) / N if N > 1 else s / t / 1e9
+            except Exception as e:  # a combination the device path refuses: report it, per row
+                row[c] = f"{type(e).__name__}: {str(e).splitlines()[0][:60]}"
+            comm.Barrier()
+        t = slowest_median(lambda: dist.all_reduce(x), comm, a.iters, sync)
+        row[backend] = s / t / 1e9 * 2 * (N - 1) / N if N > 1 else s / t / 1e9
+        rows.append(row)
+        s *= a.factor
+    if rank == 0:
+        print(f"# allreduce of {a.device} float32 tensors, {N} ranks; pycomm path: {path}; baseline: {backend} "
+              f"({why}); busbw GB/s (nccl-tests), median of {a.iters}, slowest rank")
+        cols = ["copy_GBps"] + compressions + [backend]
+        names = ["copy GB/s"] + [f"pycomm-{c}" for c in compressions] + [backend]
+        print(f"{'size':>9} " + " ".join(f"{h:>12}" for h in names) + " " +
+              " ".join(f"{c + '/' + backend:>12}" for c in compressions))
+        for r in rows:
+            cells = [f"{r[c]:>12.2f}" if isinstance(r[c], float) else f"{'error':>12}" for c in cols]
+            ratios = [f"{r[c] / r[backend]:>11.2f}x" if isinstance(r[c], float) and r[backend] else f"{'-':>12}"
+                      for c in compressions]
+            print(f"{human(r['size']):>9} " + " ".join(cells) + " " + " ".join(ratios))
+        for r in rows:
+            for c in compressions:
+                if not isinstance(r[c], float):
+                    print(f"# {human(r['size'])} pycomm-{c}: {r[c]}")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"device": a.device, "path": path, "baseline": backend, "rows": rows}, f, indent=1)
+    dist.destroy_process_group()
+    pycomm.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
