@@ -31,22 +31,7 @@ import time
 import torch
 
 import pycomm
-
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper().rstrip("B").rstrip("I")
-    unit = text[-1] if text and text[-1] in UNITS else ""
-    return int(float(text[: len(text) - len(unit)]) * UNITS[unit])
-
-
-def human(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
-
+from pycomm.benchmark import human_size, parse_size
 
 def slowest_median(fn, comm, iters: int, sync) -> float:
     from mpi4py import MPI
@@ -154,11 +139,11 @@ def main() -> int:
             cells = [f"{r[c]:>12.2f}" if isinstance(r[c], float) else f"{'error':>12}" for c in cols]
             ratios = [f"{r[c] / r[backend]:>11.2f}x" if isinstance(r[c], float) and r[backend] else f"{'-':>12}"
                       for c in compressions]
-            print(f"{human(r['size']):>9} " + " ".join(cells) + " " + " ".join(ratios))
+            print(f"{human_size(r['size']):>9} " + " ".join(cells) + " " + " ".join(ratios))
         for r in rows:
             for c in compressions:
                 if not isinstance(r[c], float):
-                    print(f"# {human(r['size'])} pycomm-{c}: {r[c]}")
+                    print(f"# {human_size(r['size'])} pycomm-{c}: {r[c]}")
         if a.json:
             with open(a.json, "w") as f:
                 json.dump({"device": a.device, "path": path, "baseline": backend, "rows": rows}, f, indent=1)

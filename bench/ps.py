@@ -39,24 +39,8 @@ import time
 import torch
 
 import pycomm
-from pycomm.benchmark import bandwidth, median_time
+from pycomm.benchmark import bandwidth, human_size, median_time, parse_size
 from pycomm.ps import ParameterServer, UpdateRule
-
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper().rstrip("B").rstrip("I")
-    unit = text[-1] if text and text[-1] in UNITS else ""
-    return int(float(text[: len(text) - len(unit)]) * UNITS[unit])
-
-
-def human(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
-
 
 def time_ps(nbytes: int, servers: int, iters: int, call: str):
     """Median seconds per push+pull iteration (slowest worker); None on dedicated server ranks."""
@@ -138,7 +122,7 @@ def main() -> int:
         print(f"{'size':>9} {'placement':>11} {'call':>10} {'W':>2} {'K':>2} {'time_us':>10} {'GB/s':>7} {'upd/s':>9} "
               f"{'ring_us':>10} {'ring busbw':>10} {'ratio':>6} {'copy GB/s':>9}")
         for r in rows:
-            print(f"{human(r['size']):>9} {r['placement']:>11} {r['call']:>10} {r['workers']:>2} {r['servers']:>2} "
+            print(f"{human_size(r['size']):>9} {r['placement']:>11} {r['call']:>10} {r['workers']:>2} {r['servers']:>2} "
                   f"{r['time_us']:>10.0f} {r['GBps']:>7.2f} {r['updates_per_s']:>9.0f} {r['ring_time_us']:>10.0f} "
                   f"{r['ring_busbw_GBps']:>10.2f} {r['ratio']:>5.2f}x {r['copy_GBps']:>9.2f}")
         if a.json:

@@ -39,3 +39,24 @@ def bandwidth(nbytes: int, seconds: float, world_size: int) -> Tuple[float, floa
     """(algbw, busbw) in GB/s for an allreduce of `nbytes` taking `seconds` on `world_size` ranks."""
     algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
     return algbw, algbw * 2 * (world_size - 1) / world_size
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes of a size written like 64M, 4KiB, 1G or 4096."""
+    t = text.strip().upper().rstrip("B").rstrip("I")
+    unit = t[-1] if t and t[-1] in _UNITS else ""
+    try:
+        return int(float(t[: len(t) - len(unit)]) * _UNITS[unit])
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (examples: 4096, 64K, 16M, 1G)") from None
+
+
+def human_size(n: int) -> str:
+    """64 MiB, 4 KiB, or bytes where the size is not a whole number of KiB."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
