@@ -18,12 +18,17 @@ from ._ops import check_op as _check_op
 from ._ops import label as _label
 from .compression import Compressor, resolve
 from .groups import ProcessGroup, group_id, group_rank, group_size
-from .runtime import topology
-from .timeline import profiled
+from .runtime import _state, topology
+from .timeline import _profiler_enabled, profiled
 
 Handle = _C.Handle
 
 COMPRESSIONS = ("none", "fp16", "bf16", "onebit")  # pycomm/compression.py; more via compression.register()
+
+# (op, dtype) pairs allreduce accepts (check_op) and its algorithms: the fast paths' checks are set lookups.
+_VALID_OP_DTYPES = frozenset((op, dtype) for op in REDUCE_OPS for dtype in SUPPORTED_DTYPES
+                             if op != "avg" or dtype.is_floating_point)
+_ALGORITHMS = frozenset(ALLREDUCE_ALGORITHMS)
 
 
 def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
@@ -45,6 +50,16 @@ def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "aut
     see pycomm.compression.
     group: a pycomm.new_group() group (default: all ranks).
     """
+    if (out is None and group is None and type(tensor) is torch.Tensor and compression.__class__ is str
+            and compression == "none" and _state.topology is not None and op.__class__ is str
+            and (op, tensor.dtype) in _VALID_OP_DTYPES and algorithm.__class__ is str and algorithm in _ALGORITHMS
+            and tensor.is_cpu and tensor.is_contiguous()):
+        # The common call, checked as in allreduce() (set lookups), straight to the engine.
+        handle = _C.allreduce_async(tensor, tensor, "sum" if op == "avg" else op, op == "avg", algorithm,
+                                    name or "", _blocking, 0)
+        if not _blocking and not name:
+            _ops.note_unnamed(handle, stacklevel=3)
+        return handle
     topology()
     gid = group_id(group, "allreduce")
     if not (isinstance(compression, str) and compression == "none"):
@@ -64,12 +79,24 @@ def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "aut
 
 
 @profiled("pycomm.allreduce")
+def _allreduce(tensor, op, algorithm, out, name, compression, group):
+    return allreduce_async(tensor, op=op, algorithm=algorithm, out=out, name=name, _blocking=True,
+                           compression=compression, group=group).wait()
+
+
 def allreduce(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
               out: Optional[torch.Tensor] = None, name: Optional[str] = None,
               compression: Union[str, Compressor] = "none", group: Optional[ProcessGroup] = None) -> torch.Tensor:
     """Reduce `tensor` over all ranks; see allreduce_async. Returns the result."""
-    return allreduce_async(tensor, op=op, algorithm=algorithm, out=out, name=name, _blocking=True,
-                           compression=compression, group=group).wait()
+    # The common call (in place, all ranks, uncompressed, a contiguous CPU tensor, no torch profiler)
+    # passes the same checks as allreduce_async's, as set lookups, and goes to the engine with no
+    # Handle (bench/latency.py); anything else, valid or not, takes the checked path and its messages.
+    if (out is None and group is None and type(tensor) is torch.Tensor and compression.__class__ is str
+            and compression == "none" and _state.topology is not None and op.__class__ is str
+            and (op, tensor.dtype) in _VALID_OP_DTYPES and algorithm.__class__ is str and algorithm in _ALGORITHMS
+            and tensor.is_cpu and tensor.is_contiguous() and not _profiler_enabled()):
+        return _C.allreduce_blocking(tensor, "sum" if op == "avg" else op, op == "avg", algorithm, name or "")
+    return _allreduce(tensor, op, algorithm, out, name, compression, group)
 
 
 def broadcast_async(tensor: torch.Tensor, root: int = 0, name: Optional[str] = None,

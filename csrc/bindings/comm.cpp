@@ -99,7 +99,9 @@ py::dict options_to(const comm::EngineOptions& o) {
 // is dropped unwaited.
 class Handle {
  public:
-  Handle(comm::WorkPtr work, at::Tensor result) : work_(std::move(work)), result_(std::move(result)) {}
+  // `group`: the engine that runs the work (0: the world), flushed by wait(); -1: none.
+  Handle(comm::WorkPtr work, at::Tensor result, int64_t group = -1)
+      : work_(std::move(work)), result_(std::move(result)), group_(group) {}
 
   // allgather: the output is allocated on the engine thread once the row
   // counts are known; wait() gives it its final shape.
@@ -111,6 +113,14 @@ class Handle {
   std::shared_ptr<Gathered> gathered;
 
   at::Tensor wait() {
+    // The caller waits, so allreduces queued behind this one are not held back for a fusion
+    // cycle (as the c10d backend's wait() does): the last partial batch of a step runs at once.
+    if (group_ >= 0 && !work_->done()) {
+      try {
+        engine_of(group_).flush();
+      } catch (const comm::CommError&) {  // the engine is gone: wait() reports the operation's own error
+      }
+    }
     {
       py::gil_scoped_release release;
       work_->wait();
@@ -129,6 +139,7 @@ class Handle {
  private:
   comm::WorkPtr work_;
   at::Tensor result_;
+  int64_t group_ = -1;
 };
 
 // The engine reads device tensors from its own streams: first let the work
@@ -163,7 +174,26 @@ std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tenso
     py::gil_scoped_release release;  // a blocking call may run the collective right here
     work = engine_of(group).allreduce(a, keep({input, output}), blocking);
   }
-  return std::make_shared<Handle>(work, output);
+  return std::make_shared<Handle>(work, output, group);
+}
+
+// pycomm.allreduce's fast path (collectives.py, after its checks): a blocking
+// in-place allreduce on the world that returns the tensor itself -- no Handle,
+// no keepalive (the caller's reference outlives the call).
+at::Tensor allreduce_blocking(const at::Tensor& tensor, const std::string& op, bool average,
+                              const std::string& algorithm, const std::string& name) {
+  comm::AllreduceArgs a;
+  a.input = a.output = to_buffer(tensor, "allreduce");
+  a.op = parse_op(op);
+  a.average = average;
+  a.algorithm = parse_algorithm(algorithm);
+  a.name = name;
+  sync_producer(tensor);
+  {
+    py::gil_scoped_release release;
+    engine().allreduce(a, nullptr, true)->wait();
+  }
+  return tensor;
 }
 
 std::shared_ptr<Handle> broadcast_async(const at::Tensor& tensor, int root, const std::string& name, bool blocking,
@@ -393,6 +423,8 @@ void register_comm(py::module_& m) {
 
   m.def("allreduce_async", &allreduce_async, py::arg("input"), py::arg("output"), py::arg("op"), py::arg("average"),
         py::arg("algorithm"), py::arg("name") = "", py::arg("blocking") = false, py::arg("group") = 0);
+  m.def("allreduce_blocking", &allreduce_blocking, py::arg("tensor"), py::arg("op"), py::arg("average"),
+        py::arg("algorithm"), py::arg("name"));
   m.def("broadcast_async", &broadcast_async, py::arg("tensor"), py::arg("root"), py::arg("name") = "",
         py::arg("blocking") = false, py::arg("group") = 0);
   m.def("allgather_async", &allgather_async, py::arg("tensor"), py::arg("name") = "", py::arg("group") = 0);

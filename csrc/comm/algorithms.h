@@ -107,7 +107,10 @@ void windowed_fused_allreduce(const FusedTensors& tensors, ReduceOp op, bool pre
 // Intra-node allreduce through a shared-memory window. Per rank, with L ranks
 // on the node and S bytes: copy-in (read S, write S), reduce its 1/L slice
 // straight from the L segments (read 2(L-1)/L S, write (L-1)/L S), copy the
-// L reduced slices out (read S, write S); three node barriers.
+// L reduced slices out (read S, write S); three node barriers. Up to
+// kShmOneFenceBytes: one barrier, each rank reducing the whole message
+// (write S, read L S, reduce (L-1) S).
+constexpr size_t kShmOneFenceBytes = size_t(32) << 10;
 void shm_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm);
 
 // Hierarchical allreduce over M nodes x L ranks (Horovod's form): intra-node

@@ -17,7 +17,10 @@
 namespace pycomm {
 namespace comm {
 
-constexpr size_t kMaxFusedOps = 128;  // tensors per fused batch (bounds the coordination message)
+// Tensors per fused batch: bounds the coordination message (1024 signatures of 136 bytes). 400 small
+// tensors (bench/fusion.py) went in 4 rounds at 128, each a point where a rank of a loaded machine
+// can lose its core for milliseconds; one round now.
+constexpr size_t kMaxFusedOps = 1024;
 
 namespace {
 // The timeline's name for an allreduce algorithm's range.
@@ -157,7 +160,9 @@ std::string Engine::status() const {
   s << "its pycomm engine has been idle for " << static_cast<int>(idle)
     << " s, so it is outside pycomm (computing, or in another library's call)";
   if (!queue_.empty()) s << "; " << queue_.size() << " operation(s) queued, first " << queue_.front().sig.describe();
-  s << "; its last operation was " << last_op_;
+  s << "; its last operation was ";
+  if (!last_op_.empty()) s << last_op_;
+  else s << last_sig_.describe() << (last_count_ > 1 ? " and " + std::to_string(last_count_ - 1) + " fused" : "");
   return s.str();
 }
 
@@ -189,16 +194,29 @@ WorkPtr Engine::enqueue(Op op, bool inline_if_idle) {
     execute(batch);
     lock.lock();
     busy_ = false;
+    // Wake the worker only if it has something to do: waking it after every inline call cost
+    // a futex wake and two context switches per blocking allreduce (perf, bench/latency.py).
+    const bool wake = !queue_.empty() || stopping_;
     lock.unlock();
-    cv_.notify_all();
+    if (wake) cv_.notify_all();
     return work;
   }
+  // The worker, holding a fusable head back for its cycle, needs waking only when the batch
+  // it would take changes its mind (full, or ended by an op that cannot join it). A small
+  // compatible allreduce joining a partial batch does not: skipping the wake-up saves a
+  // context switch and a scan of the queue per submission (bench/fusion.py, 400 small
+  // tensors). Its bytes are under threshold/kMaxFusedOps, so with the batch below
+  // kMaxFusedOps ops it can reach the byte limit only behind a larger op; then the batch
+  // (capped by take_batch as always) runs at the cycle's end instead of at once.
+  const bool quiet = !inline_if_idle && op.fusable && !queue_.empty() && queue_.size() + 1 < kMaxFusedOps &&
+                     compatible(queue_.front(), op) &&
+                     op.allreduce.input.bytes() * kMaxFusedOps < active_.fusion_threshold_bytes;
   queue_.push_back(std::move(op));
   // A blocking caller waits for this op now and submits nothing more meanwhile:
   // do not hold it back for a fusion cycle (what is already queued still fuses).
   if (inline_if_idle) flush_ = true;
   lock.unlock();
-  cv_.notify_all();
+  if (!quiet) cv_.notify_all();
   return work;
 }
 
@@ -317,14 +335,17 @@ size_t Engine::execute(std::vector<Op*>& batch) {
     stats_.fusion_buffer_bytes = fusion_buffer_.size();
     stats_.staging_bytes = 2 * staging_->bytes;
     stats_.device_cache_bytes = stats_.device_cache_allocations = 0;
-    std::vector<const MemoryMover*> movers{host_mover_.get()};
-    for (const auto& m : cuda_movers_) movers.push_back(m.get());
-    for (const MemoryMover* m : movers) {
-      if (!m) continue;
+    auto count_mover = [this](const MemoryMover* m) {
+      if (!m) return;
       stats_.device_cache_bytes += m->cached_bytes();
       stats_.device_cache_allocations += m->allocations();
-    }
-    last_op_ = batch.front()->sig.describe() + (count > 1 ? " and " + std::to_string(count - 1) + " fused" : "");
+    };
+    count_mover(host_mover_.get());
+    for (const auto& m : cuda_movers_) count_mover(m.get());
+    // Described only when a stall report asks (status()): describe() formats through a stream.
+    last_sig_ = batch.front()->sig;
+    last_count_ = count;
+    last_op_.clear();
     idle_since_ = std::chrono::steady_clock::now();
   }
   for (size_t i = 0; i < count; ++i) batch[i]->work->finish(error);

@@ -227,7 +227,9 @@ class Engine {
   bool busy_ = false;  // an operation is running (on the worker or inline on a caller)
   bool flush_ = false;  // flush(): skip the rest of the fusion cycle
   Stats stats_;
-  std::string last_op_ = "none yet";  // for stall reports
+  std::string last_op_ = "none yet";  // for stall reports; empty: last_sig_ (and last_count_ - 1 fused)
+  Signature last_sig_;
+  size_t last_count_ = 0;
   std::chrono::steady_clock::time_point idle_since_ = std::chrono::steady_clock::now();
   std::string status() const;  // what this rank's engine is doing, for the coordinator's stall query
   std::thread worker_;

@@ -95,8 +95,32 @@ void windowed_fused_allreduce(const FusedTensors& t, ReduceOp op, bool pre_divid
   shm.fence();
 }
 
+namespace {
+
+// Latency-bound sizes: one fence instead of three. Every rank copies its data
+// into its segment (half of it, alternating, see ShmWindow::take_half),
+// fences, and reduces the whole message from the L segments in rank order
+// (so every rank computes bitwise the same values). Per rank: write S, read
+// L S, reduce (L-1) S; one node barrier. The three-fence form moves less
+// (each rank reduces 1/L) but pays two more barriers, which dominate below
+// kShmOneFenceBytes (bench/latency.py --sizes).
+void one_fence_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm) {
+  const size_t bytes = buf.bytes();
+  const size_t offset = shm.take_half(bytes);
+  std::memcpy(shm.mine() + offset, buf.data, bytes);
+  shm.fence();
+  std::memcpy(buf.data, shm.segment(0) + offset, bytes);
+  for (int r = 1; r < shm.size(); ++r) kernels::reduce_cpu(buf.data, shm.segment(r) + offset, buf.count, buf.dtype, op);
+}
+
+}  // namespace
+
 void shm_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm) {
   if (buf.count == 0 || shm.size() == 1) return;
+  if (buf.bytes() <= kShmOneFenceBytes) {
+    timeline::Phase phase("LOCAL_ALLREDUCE");
+    return one_fence_allreduce(buf, op, shm);
+  }
   timeline::Phase phase("LOCAL_REDUCE_SCATTER");
   shm_detail::reduce_scatter_into_segments(buf, op, shm);
   phase.next("LOCAL_ALLGATHER");

@@ -6,6 +6,7 @@ namespace pycomm {
 namespace comm {
 
 void ShmWindow::reserve(size_t bytes) {
+  settle();
   if (bytes <= capacity_ && win_ != MPI_WIN_NULL) return;
   // Grow geometrically so a training run settles on one window quickly: a
   // sequence of growing requests reallocates O(log(largest / first)) times.
@@ -47,11 +48,24 @@ void ShmWindow::fence() {
   PYCOMM_MPI_CHECK(MPI_Win_sync(win_));
 }
 
+size_t ShmWindow::take_half(size_t bytes) {
+  const size_t half = (bytes + 63) & ~size_t(63);  // whole cache lines
+  if (win_ == MPI_WIN_NULL || 2 * half > capacity_) {
+    reserve(2 * half);  // settles first; the new window has no readers
+    half_ = 0;
+  }
+  const size_t offset = half_ ? capacity_ / 2 : 0;  // capacity_ is a multiple of 4 KiB
+  half_ ^= 1;
+  reads_pending_ = true;
+  return offset;
+}
+
 void ShmWindow::release() {
   if (win_ == MPI_WIN_NULL) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) {
+    settle();
     MPI_Win_unlock_all(win_);
     MPI_Win_free(&win_);
   }

@@ -42,6 +42,21 @@ class ShmWindow {
   // Make every rank's stores visible to the node, and wait for all ranks.
   void fence();
 
+  // Small messages (shm_allreduce's one-fence form): the offset in every
+  // segment of the half that this call uses for `bytes`. Consecutive calls
+  // alternate halves, so a call never overwrites what a peer may still read
+  // from the previous one (the fence of the call in between separates them);
+  // anything else that writes the window first settles (reserve()).
+  size_t take_half(size_t bytes);
+  // After a one-fence call peers may still read this rank's segment: fence
+  // before reusing it in any other way. Called by reserve(); a no-op otherwise.
+  void settle() {
+    if (reads_pending_) {
+      fence();
+      reads_pending_ = false;
+    }
+  }
+
  private:
   void release();
 
@@ -52,6 +67,8 @@ class ShmWindow {
   uint64_t allocations_ = 0;
   size_t growth_limit_ = 0;
   std::vector<char*> segments_;
+  bool reads_pending_ = false;  // a one-fence call has not been followed by a fence yet
+  int half_ = 0;                // the half the next take_half() uses
 };
 
 }  // namespace comm

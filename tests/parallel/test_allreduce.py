@@ -62,6 +62,31 @@ def test_shm_window_growth_stops_at_the_fusion_threshold():
         pycomm.set_options(fusion_threshold_bytes=old)
 
 
+def test_shm_one_fence_and_three_fence_forms_interleave(comm):
+    """Small shm allreduces (one fence, alternating window halves) between large ones and fused batches.
+
+    A one-fence call leaves peers possibly still reading this rank's segment; the next small call
+    uses the other half and anything else fences first. Fresh data every call, checked against the
+    float64 reference and bitwise across ranks.
+    """
+    rank, size = pycomm.rank(), pycomm.size()
+    if size == 1 or pycomm.num_nodes() > 1:
+        pytest.skip("the shm window is used on one node of several ranks")
+    # float32 counts: 4 KB, 36 KB (three fences), exactly 32 KiB (one fence), 400 B, 80 KB, 32 KiB + 4 B, 4 B
+    counts = [1000, 9000, 8192, 100, 20000, 8193, 1, 7, 7]
+    for rep in range(3):
+        for i, n in enumerate(counts):
+            seed = 900 + 20 * rep + i
+            y = pycomm.allreduce(rank_data(rank, n, torch.float32, seed=seed), algorithm="shm")
+            assert_close(y, "sum", size, torch.float32, seed=seed, what=f"rep {rep} shm [{n}]")
+            copies = gather_bytes(comm, y)
+            assert all(c == copies[0] for c in copies), f"ranks hold different results (rep {rep} shm [{n}])"
+        xs = [rank_data(rank, n, torch.float32, seed=960 + 20 * rep + i) for i, n in enumerate(counts)]
+        hs = [pycomm.allreduce_async(x, algorithm="shm", name=f"f{rep}.{i}") for i, x in enumerate(xs)]
+        for i, h in enumerate(hs):
+            assert_close(h.wait(), "sum", size, torch.float32, seed=960 + 20 * rep + i, what=f"fused f{rep}.{i}")
+
+
 def test_every_rank_uses_rank_zeros_tune_table(tmp_path, monkeypatch, comm):
     """Ranks that find different tune tables (own home directories) all resolve "auto" from rank 0's."""
     import json
@@ -116,7 +141,7 @@ def test_sum_matches_reference_and_is_identical_on_all_ranks(algorithm, dtype, c
 
 
 @pytest.mark.parametrize("op", ["avg", "min", "max"])
-@pytest.mark.parametrize("algorithm", ["ring", "mpi"])
+@pytest.mark.parametrize("algorithm", ["ring", "mpi", "shm"])
 def test_other_ops(op, algorithm):
     rank, size = pycomm.rank(), pycomm.size()
     dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16]

@@ -301,7 +301,9 @@ def test_timeline_phases_of_shm_and_compressed(tmp_path):
     path = pycomm.start_timeline(str(tmp_path / "phases.json"))
     try:
         if one_node:
-            pycomm.allreduce(rank_data(rank, 5000, torch.float32, 3), name="tl.shm", algorithm="shm")
+            # 80 KB: the three-fence form; 4 KB: the one-fence form (up to 32 KiB)
+            pycomm.allreduce(rank_data(rank, 20000, torch.float32, 3), name="tl.shm", algorithm="shm")
+            pycomm.allreduce(rank_data(rank, 1000, torch.float32, 3), name="tl.shm_small", algorithm="shm")
         pycomm.allreduce(torch.ones(5000), name="tl.fp16", compression="fp16")
         pycomm.allreduce(torch.ones(5000), name="tl.onebit", compression="onebit")
     finally:
@@ -311,6 +313,7 @@ def test_timeline_phases_of_shm_and_compressed(tmp_path):
     seen = {r["name"] for r in ranges}
     if size > 1 and one_node:
         assert {"LOCAL_REDUCE_SCATTER", "LOCAL_ALLGATHER"} <= {r["name"] for r in ranges if r["lane"] == "tl.shm"}
+        assert "LOCAL_ALLREDUCE" in {r["name"] for r in ranges if r["lane"] == "tl.shm_small"}
     # fp16: cast, ring of the half buffer, cast back; onebit: the two-phase scheme's five steps
     assert {"COMPRESS", "RING", "DECOMPRESS", "ALLTOALL", "SERVER_REDUCE", "ALLGATHER"} <= seen, seen
 
