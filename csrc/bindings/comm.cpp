@@ -180,9 +180,19 @@ std::shared_ptr<void> keep(std::vector<at::Tensor> tensors, comm::Engine& engine
   return std::make_shared<std::vector<at::Tensor>>(std::move(tensors));
 }
 
+// Clears the thread's submit event when a submission ends: one whose engine call threw before
+// queueing must not leave its event to the next submission from this thread.
+struct SubmitScope {
+  SubmitScope() = default;
+  SubmitScope(const SubmitScope&) = delete;
+  SubmitScope& operator=(const SubmitScope&) = delete;
+  ~SubmitScope() { comm::set_submit_event(nullptr); }
+};
+
 std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tensor& output, const std::string& op,
                                         bool average, const std::string& algorithm, const std::string& name,
                                         bool blocking, int64_t group = 0) {
+  SubmitScope submit;
   comm::AllreduceArgs a;
   a.input = to_buffer(input, "allreduce");
   a.output = to_buffer(output, "allreduce out");
@@ -202,6 +212,7 @@ std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tenso
 
 std::shared_ptr<Handle> broadcast_async(const at::Tensor& tensor, int root, const std::string& name, bool blocking,
                                         int64_t group = 0) {
+  SubmitScope submit;
   comm::Buffer b = to_buffer(tensor, "broadcast");
   comm::WorkPtr work;
   {
@@ -212,6 +223,7 @@ std::shared_ptr<Handle> broadcast_async(const at::Tensor& tensor, int root, cons
 }
 
 std::shared_ptr<Handle> allgather_async(const at::Tensor& tensor, const std::string& name, int64_t group = 0) {
+  SubmitScope submit;
   if (tensor.dim() == 0) throw py::value_error("allgather: tensor needs at least one dimension");
   comm::Buffer b = to_buffer(tensor, "allgather");
   auto gathered = std::make_shared<Handle::Gathered>();
@@ -237,6 +249,7 @@ std::shared_ptr<Handle> reduce_scatter_async(const at::Tensor& input, const at::
                                              const std::vector<int64_t>& rows, const std::string& op, bool average,
                                              const std::string& algorithm, const std::string& name, bool blocking,
                                              int64_t group) {
+  SubmitScope submit;
   comm::ReduceScatterArgs a;
   a.input = to_buffer(input, "reduce_scatter");
   a.output = to_buffer(output, "reduce_scatter out");
@@ -261,6 +274,7 @@ std::shared_ptr<Handle> reduce_scatter_async(const at::Tensor& input, const at::
 // every rank, in rank order) is allocated once the counts are known.
 std::shared_ptr<Handle> alltoall_async(const at::Tensor& input, const std::vector<int64_t>& splits,
                                        const std::string& name, bool blocking, int64_t group) {
+  SubmitScope submit;
   if (input.dim() == 0) throw py::value_error("alltoall: tensor needs at least one dimension");
   comm::AlltoallArgs a;
   a.input = to_buffer(input, "alltoall");
