@@ -25,9 +25,16 @@ futures, so backward keeps running meanwhile. (No ``from __future__ import
 annotations`` here: DDP checks the hooks' return annotation as an object.)
 
 Buckets are named ``{state.prefix}.bucket{index}``: the same on every rank,
-so pycomm's agreement check compares them. Compression needs float32 CPU
-buckets; a CUDA bucket is staged through host memory, any other dtype is
-averaged uncompressed.
+so pycomm's agreement check compares them. Compression needs float32
+buckets; any other dtype is averaged uncompressed.
+
+CUDA buckets: an uncompressed bucket is handed to the engine on the device,
+stream-ordered: the engine waits on an event recorded on the backward
+stream (no host block in the hook), and the future (created with the
+bucket's device) completes on a pycomm side stream ordered after the
+engine's device work, so DDP's stream waits for it on the device. A bucket
+that is compressed still travels through a host copy, because the
+compressors take host tensors (pycomm.compression).
 """
 import queue
 import threading
@@ -49,20 +56,32 @@ class _Completer:
         self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
+        self._streams: Dict[int, Any] = {}  # CUDA device index -> side stream (the completer thread only)
 
-    def submit(self, handle, fut: torch.futures.Future, finish: Callable[[], torch.Tensor]) -> None:
+    def submit(self, handle, fut: torch.futures.Future, finish: Callable[[], torch.Tensor],
+               device: Optional[torch.device] = None) -> None:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="pycomm-ddp-hooks", daemon=True)
                 self._thread.start()
-        self._queue.put((handle, fut, finish))
+        self._queue.put((handle, fut, finish, device))
 
     def _run(self) -> None:
         while True:
-            handle, fut, finish = self._queue.get()
+            handle, fut, finish, device = self._queue.get()
             try:
-                handle.wait()  # releases the GIL
-                fut.set_result(finish())
+                if device is None:
+                    handle.wait()  # releases the GIL
+                    fut.set_result(finish())
+                    continue
+                # CUDA: wait() orders the current stream after the engine's device work (no host wait on
+                # the device); set_result records the future's event on that same stream.
+                stream = self._streams.get(device.index)
+                if stream is None:
+                    stream = self._streams[device.index] = torch.cuda.Stream(device=device)
+                with torch.cuda.stream(stream):
+                    handle.wait()
+                    fut.set_result(finish())
             except Exception as e:  # noqa: BLE001 - handed to whoever waits on the future
                 fut.set_exception(e)
 
@@ -223,7 +242,9 @@ def _run(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
     compress = buf.dtype == torch.float32 and state._use_compression(bucket)
     if bucket.is_last():
         state.iteration += 1
-    host = buf if buf.device.type == "cpu" else buf.detach().to("cpu")
+    cuda = buf.device.type == "cuda"
+    # Only a compressed CUDA bucket goes through the host (the compressors take host tensors).
+    host = buf.detach().to("cpu") if cuda and compress else buf
     if compress:
         if isinstance(state.compressor, OneBit):
             layout = _layout(bucket)
@@ -238,14 +259,14 @@ def _run(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
         state.wire_bytes += state.compressor.wire_bytes(host.numel(), size(), rank())
     else:
         handle = collectives.allreduce_async(host, op="avg", name=name)
-    fut = torch.futures.Future()
+    fut = torch.futures.Future(devices=[buf.device]) if cuda else torch.futures.Future()
 
     def finish() -> torch.Tensor:
         if host is not buf:
-            buf.copy_(host)
+            buf.copy_(host, non_blocking=False)
         return buf
 
-    _completer.submit(handle, fut, finish)
+    _completer.submit(handle, fut, finish, buf.device if cuda else None)
     return fut
 
 

@@ -368,6 +368,10 @@ def get_options() -> dict:
 def stats() -> dict:
     """Engine counters: operations completed, coordination rounds, tensors that ran fused, and the
     memory the engine keeps between operations: shm_allocations (collective reallocations of the shared
-    window; it grows geometrically), shm_segment_bytes, fusion_buffer_bytes, staging_bytes."""
+    window; it grows geometrically), shm_segment_bytes, fusion_buffer_bytes, staging_bytes; the device
+    movers' cached working memory and fusion buffer (device_cache_bytes / _allocations,
+    device_fusion_bytes / _allocations); and stream order: ready_waits (operations whose producer
+    event the engine waited on), done_events, and the event pools' events_created, events_recorded,
+    event_stream_waits, event_host_waits."""
     topology()
     return dict(_C.stats())

@@ -3,6 +3,7 @@
 #include <memory>
 #include <mutex>
 
+#include "../comm/device_event.h"
 #include "../comm/engine.h"
 #include "../comm/memory_mover.h"
 #include "bindings.h"
@@ -94,6 +95,15 @@ py::dict options_to(const comm::EngineOptions& o) {
   return d;
 }
 
+// torch's current stream on CUDA device `device` (a cudaStream_t); nullptr for the host stand-in.
+void* current_stream(int device) {
+#ifdef PYCOMM_WITH_CUDA
+  if (device >= 0) return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+#endif
+  (void)device;
+  return nullptr;
+}
+
 // What Python holds for an asynchronous collective. The tensors stay alive in
 // the Work's keepalive until the engine is done with them, even if the handle
 // is dropped unwaited.
@@ -112,6 +122,8 @@ class Handle {
   };
   std::shared_ptr<Gathered> gathered;
 
+  // Stream order (device_event.h): once the engine has finished the operation, the caller's current
+  // stream waits for pycomm's device work; the host does not wait for the device.
   at::Tensor wait() {
     // The caller waits, so allreduces queued behind this one are not held back for a fusion
     // cycle (as the c10d backend's wait() does): the last partial batch of a step runs at once.
@@ -124,7 +136,20 @@ class Handle {
     {
       py::gil_scoped_release release;
       work_->wait();
+      if (comm::EventPtr done = work_->done_event()) done->order_stream(current_stream(done->device()));
     }
+    return result();
+  }
+  // wait(), then block the host until pycomm's device work has finished.
+  at::Tensor synchronize() {
+    {
+      py::gil_scoped_release release;
+      work_->wait();
+      if (comm::EventPtr done = work_->done_event()) done->synchronize();
+    }
+    return result();
+  }
+  at::Tensor result() {
     if (gathered) {
       std::vector<int64_t> shape{gathered->rows};
       shape.insert(shape.end(), gathered->row_shape.begin(), gathered->row_shape.end());
@@ -142,24 +167,43 @@ class Handle {
   int64_t group_ = -1;
 };
 
-// The engine reads device tensors from its own streams: first let the work
-// already queued on torch's current stream (which produced them) finish.
-void sync_producer(const at::Tensor& t) {
-#ifdef PYCOMM_WITH_CUDA
-  if (t.is_cuda()) c10::cuda::getCurrentCUDAStream(t.get_device()).synchronize();
-#else
-  (void)t;
-#endif
-}
-
-std::shared_ptr<void> keep(std::vector<at::Tensor> tensors) {
-  for (const auto& t : tensors) sync_producer(t);
+// The tensors of one submission, kept alive until the engine is done, and
+// its ready event (device_event.h): recorded on torch's current stream of the
+// tensors' device, which produced them; the engine waits on it before it
+// touches the memory, and this thread goes on (no host block). Host tensors
+// under the device stand-ins (force_staging / force_device_direct) get the
+// stand-in's event, so the same control flow runs on CPU machines; other host
+// tensors get none.
+std::shared_ptr<void> keep(std::vector<at::Tensor> tensors, comm::Engine& engine) {
+  comm::EventPtr ready;
+  for (const auto& t : tensors) {
+    if (!t.defined()) continue;
+    if (t.is_cuda()) {
+      if (ready && ready->device() != t.get_device())
+        throw py::value_error("pycomm: the tensors of one call are on different devices (cuda:" +
+                              std::to_string(ready->device()) + " and cuda:" + std::to_string(t.get_device()) +
+                              "); move them to one device");
+      if (!ready) ready = comm::record_cuda_event(t.get_device(), current_stream(t.get_device()));
+    }
+  }
+  if (!ready && engine.device_standin()) ready = comm::record_host_event();
+  comm::set_submit_event(std::move(ready));
   return std::make_shared<std::vector<at::Tensor>>(std::move(tensors));
 }
+
+// Clears the thread's submit event when a submission ends: one whose engine call threw before
+// queueing must not leave its event to the next submission from this thread.
+struct SubmitScope {
+  SubmitScope() = default;
+  SubmitScope(const SubmitScope&) = delete;
+  SubmitScope& operator=(const SubmitScope&) = delete;
+  ~SubmitScope() { comm::set_submit_event(nullptr); }
+};
 
 std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tensor& output, const std::string& op,
                                         bool average, const std::string& algorithm, const std::string& name,
                                         bool blocking, int64_t group = 0) {
+  SubmitScope submit;
   comm::AllreduceArgs a;
   a.input = to_buffer(input, "allreduce");
   a.output = to_buffer(output, "allreduce out");
@@ -172,7 +216,7 @@ std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tenso
   comm::WorkPtr work;
   {
     py::gil_scoped_release release;  // a blocking call may run the collective right here
-    work = engine_of(group).allreduce(a, keep({input, output}), blocking);
+    work = engine_of(group).allreduce(a, keep({input, output}, engine_of(group)), blocking);
   }
   return std::make_shared<Handle>(work, output, group);
 }
@@ -198,16 +242,18 @@ at::Tensor allreduce_blocking(const at::Tensor& tensor, const std::string& op, b
 
 std::shared_ptr<Handle> broadcast_async(const at::Tensor& tensor, int root, const std::string& name, bool blocking,
                                         int64_t group = 0) {
+  SubmitScope submit;
   comm::Buffer b = to_buffer(tensor, "broadcast");
   comm::WorkPtr work;
   {
     py::gil_scoped_release release;
-    work = engine_of(group).broadcast(b, root, name, keep({tensor}), blocking);
+    work = engine_of(group).broadcast(b, root, name, keep({tensor}, engine_of(group)), blocking);
   }
   return std::make_shared<Handle>(work, tensor);
 }
 
 std::shared_ptr<Handle> allgather_async(const at::Tensor& tensor, const std::string& name, int64_t group = 0) {
+  SubmitScope submit;
   if (tensor.dim() == 0) throw py::value_error("allgather: tensor needs at least one dimension");
   comm::Buffer b = to_buffer(tensor, "allgather");
   auto gathered = std::make_shared<Handle::Gathered>();
@@ -221,7 +267,7 @@ std::shared_ptr<Handle> allgather_async(const at::Tensor& tensor, const std::str
     return gathered->flat.data_ptr();
   };
   auto work = engine_of(group).allgather(b, static_cast<size_t>(tensor.size(0)), gathered->row_shape, allocate, name,
-                                 keep({tensor}));
+                                 keep({tensor}, engine_of(group)));
   auto handle = std::make_shared<Handle>(work, at::Tensor());
   handle->gathered = gathered;
   return handle;
@@ -233,6 +279,7 @@ std::shared_ptr<Handle> reduce_scatter_async(const at::Tensor& input, const at::
                                              const std::vector<int64_t>& rows, const std::string& op, bool average,
                                              const std::string& algorithm, const std::string& name, bool blocking,
                                              int64_t group) {
+  SubmitScope submit;
   comm::ReduceScatterArgs a;
   a.input = to_buffer(input, "reduce_scatter");
   a.output = to_buffer(output, "reduce_scatter out");
@@ -248,7 +295,7 @@ std::shared_ptr<Handle> reduce_scatter_async(const at::Tensor& input, const at::
   comm::WorkPtr work;
   {
     py::gil_scoped_release release;
-    work = engine_of(group).reduce_scatter(a, keep({input, output}), blocking);
+    work = engine_of(group).reduce_scatter(a, keep({input, output}, engine_of(group)), blocking);
   }
   return std::make_shared<Handle>(work, output);
 }
@@ -257,6 +304,7 @@ std::shared_ptr<Handle> reduce_scatter_async(const at::Tensor& input, const at::
 // every rank, in rank order) is allocated once the counts are known.
 std::shared_ptr<Handle> alltoall_async(const at::Tensor& input, const std::vector<int64_t>& splits,
                                        const std::string& name, bool blocking, int64_t group) {
+  SubmitScope submit;
   if (input.dim() == 0) throw py::value_error("alltoall: tensor needs at least one dimension");
   comm::AlltoallArgs a;
   a.input = to_buffer(input, "alltoall");
@@ -277,7 +325,7 @@ std::shared_ptr<Handle> alltoall_async(const at::Tensor& input, const std::vecto
   comm::WorkPtr work;
   {
     py::gil_scoped_release release;
-    work = engine_of(group).alltoall(a, keep({input}), blocking);
+    work = engine_of(group).alltoall(a, keep({input}, engine_of(group)), blocking);
   }
   auto handle = std::make_shared<Handle>(work, at::Tensor());
   handle->gathered = gathered;
@@ -362,7 +410,12 @@ void register_comm(py::module_& m) {
   });
 
   py::class_<Handle, std::shared_ptr<Handle>>(m, "Handle", "An asynchronous collective in flight.")
-      .def("wait", &Handle::wait, "Block until the collective is done (GIL released); return its result tensor.")
+      .def("wait", &Handle::wait,
+           "Wait until the engine has finished the collective (GIL released) and return its result tensor. For "
+           "CUDA tensors the caller's current stream is then ordered after pycomm's device work (an event), "
+           "without blocking the host on the device.")
+      .def("synchronize", &Handle::synchronize,
+           "wait(), then block the host until pycomm's device work on the result has finished.")
       .def("done", &Handle::done, "True once the collective has finished (successfully or not).")
       .def("__repr__", [](const Handle& h) {
         return "<pycomm.Handle " + h.description() + (h.done() ? " done>" : " pending>");
@@ -415,6 +468,15 @@ void register_comm(py::module_& m) {
     d["staging_bytes"] = s.staging_bytes;
     d["device_cache_bytes"] = s.device_cache_bytes;
     d["device_cache_allocations"] = s.device_cache_allocations;
+    d["device_fusion_bytes"] = s.device_fusion_bytes;
+    d["device_fusion_allocations"] = s.device_fusion_allocations;
+    d["ready_waits"] = s.ready_waits;
+    d["done_events"] = s.done_events;
+    const comm::EventCounters ev = comm::event_counters();
+    d["events_created"] = ev.created;
+    d["events_recorded"] = ev.recorded;
+    d["event_stream_waits"] = ev.stream_waits;
+    d["event_host_waits"] = ev.host_waits;
     return d;
   });
   m.def("resolve_algorithm", [](const std::string& algorithm, size_t bytes) {

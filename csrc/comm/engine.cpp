@@ -183,6 +183,7 @@ ShmWindow& Engine::shm() {
 
 WorkPtr Engine::enqueue(Op op, bool inline_if_idle) {
   op.submitted = std::chrono::steady_clock::now();
+  op.work->ready = take_submit_event();  // the submitter's stream-order event (device_event.h), if any
   WorkPtr work = op.work;
   std::unique_lock<std::mutex> lock(mu_);
   if (stopping_) throw CommError("pycomm engine is shutting down");
@@ -222,7 +223,8 @@ WorkPtr Engine::enqueue(Op op, bool inline_if_idle) {
 
 bool Engine::compatible(const Op& head, const Op& next) const {
   const AllreduceArgs &a = head.allreduce, &b = next.allreduce;
-  return next.fusable && a.input.dtype == b.input.dtype && a.op == b.op && a.average == b.average &&
+  return next.fusable && a.input.dtype == b.input.dtype && a.input.device == b.input.device &&
+         a.input.device_index == b.input.device_index && a.op == b.op && a.average == b.average &&
          a.algorithm == b.algorithm && b.input.bytes() <= active_.fusion_threshold_bytes;
 }
 
@@ -313,6 +315,7 @@ size_t Engine::execute(std::vector<Op*>& batch) {
   tl.decided(count);
   if (!error) {
     try {
+      await_ready(batch, count);
       const int joined = coordinator_.join_info().joined;
       if (joined > 0) {
         run_with_joined(batch, count, joined);
@@ -323,6 +326,7 @@ size_t Engine::execute(std::vector<Op*>& batch) {
       } else {
         run_fused(std::vector<Op*>(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(count)));
       }
+      record_done(batch, count);
     } catch (...) {
       error = std::current_exception();
     }
@@ -335,10 +339,13 @@ size_t Engine::execute(std::vector<Op*>& batch) {
     stats_.fusion_buffer_bytes = fusion_buffer_.size();
     stats_.staging_bytes = 2 * staging_->bytes;
     stats_.device_cache_bytes = stats_.device_cache_allocations = 0;
+    stats_.device_fusion_bytes = stats_.device_fusion_allocations = 0;
     auto count_mover = [this](const MemoryMover* m) {
       if (!m) return;
       stats_.device_cache_bytes += m->cached_bytes();
       stats_.device_cache_allocations += m->allocations();
+      stats_.device_fusion_bytes += m->fusion_bytes();
+      stats_.device_fusion_allocations += m->fusion_allocations();
     };
     count_mover(host_mover_.get());
     for (const auto& m : cuda_movers_) count_mover(m.get());
@@ -495,6 +502,7 @@ void Engine::run_host_allreduce(const AllreduceArgs& a) {
 
 void Engine::run_fused(const std::vector<Op*>& ops) {
   const AllreduceArgs& head = ops.front()->allreduce;
+  if (device_fusion(head)) return run_device_fused(ops);
   const DType dtype = head.input.dtype;
   std::vector<const void*> srcs;
   std::vector<void*> dsts;
@@ -560,9 +568,10 @@ WorkPtr Engine::allreduce(const AllreduceArgs& args, std::shared_ptr<void> keepa
   op.sig.op = static_cast<int32_t>(args.op);
   op.sig.extra = args.average ? 1 : 0;
   op.sig.algorithm = static_cast<int32_t>(args.algorithm);
-  op.fusable = args.input.device == Device::CPU;  // device tensors are reduced one by one
+  op.fusable = true;  // device tensors fuse in the device fusion buffer (engine_device.cpp)
   op.allreduce = args;
-  if (!op.fusable) op.body = [this, args] { run_allreduce(args); };
+  // A device allreduce while ranks have joined runs alone (engine_join.cpp).
+  if (args.input.device != Device::CPU) op.body = [this, args] { run_allreduce(args); };
   return enqueue(std::move(op), blocking);
 }
 

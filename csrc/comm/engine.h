@@ -22,6 +22,7 @@
 
 #include "common.h"
 #include "coordinator.h"
+#include "device_event.h"
 
 namespace pycomm {
 namespace comm {
@@ -62,8 +63,21 @@ class Work {
   // or at once on the caller's if it already has (the c10d backend completes
   // its futures this way).
   void then(std::function<void(std::exception_ptr)> fn);
+  // Stream order (device_event.h). `ready`: recorded on the submitter's stream, waited on by the
+  // engine before it touches the memory. `done_event`: recorded by the engine after its device work,
+  // set before finish() (so visible to whoever wait() released); null for host memory.
+  EventPtr ready;
+  EventPtr done_event() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_event_;
+  }
+  void set_done_event(EventPtr e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_event_ = std::move(e);
+  }
 
  private:
+  EventPtr done_event_;
   std::vector<std::function<void(std::exception_ptr)>> callbacks_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -163,6 +177,12 @@ class Engine {
     // many blocks they have allocated for it (MemoryMover::working_memory).
     uint64_t device_cache_bytes = 0;
     uint64_t device_cache_allocations = 0;
+    // The movers' cached device fusion buffers (device tensors and the host stand-ins), and how many
+    // blocks they have allocated for them (MemoryMover::fusion_memory).
+    uint64_t device_fusion_bytes = 0;
+    uint64_t device_fusion_allocations = 0;
+    uint64_t ready_waits = 0;  // operations whose producer event the engine waited on
+    uint64_t done_events = 0;  // completion events the engine recorded after its device work
   };
   Stats stats() const;
 
@@ -180,6 +200,11 @@ class Engine {
   // The mover for a buffer's memory (CUDA streams, or host lanes for tests).
   MemoryMover& mover_for(const Buffer& buf);
   bool cuda_aware() const { return cuda_aware_; }
+  // force_staging or force_device_direct: host memory stands in for device memory.
+  bool device_standin() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return options_.force_staging || options_.force_device_direct;
+  }
   ShmWindow& shm();
 
  private:
@@ -197,6 +222,13 @@ class Engine {
   // Coordinate and run `batch` (taken from the queue head); returns how many ran.
   size_t execute(std::vector<Op*>& batch);
   void run_fused(const std::vector<Op*>& ops);
+  // engine_device.cpp: fusion of device tensors (and of the host stand-ins) in the mover's
+  // fusion buffer, and the stream order around a batch.
+  bool device_fusion(const AllreduceArgs& head) const;
+  void run_device_fused(const std::vector<Op*>& ops);
+  void await_ready(const std::vector<Op*>& batch, size_t count);
+  void record_done(const std::vector<Op*>& batch, size_t count);
+  MemoryMover& mover_of_event(const DeviceEvent& e);
   // engine_join.cpp: the join loop, a joined rank's answer to the others'
   // batch, and a batch run while `joined` ranks contribute nothing.
   size_t execute_join(std::vector<Op*>& batch);

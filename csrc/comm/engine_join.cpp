@@ -175,7 +175,9 @@ void Engine::run_with_joined(std::vector<Op*>& batch, size_t count, int joined) 
   std::vector<Buffer> post;
   for (size_t i = 0; i < count; ++i) {
     Op* op = batch[i];
-    if (!op->fusable) {  // broadcast, allgather, barrier: a joined rank takes part as usual (count is 1)
+    // broadcast, allgather, barrier: a joined rank takes part as usual (count is 1). Device
+    // allreduces run alone: the scaling below works on host memory.
+    if (!op->fusable || op->allreduce.output.device != Device::CPU) {
       op->body();
       continue;
     }

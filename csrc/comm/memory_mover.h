@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "../kernels/dtype.h"
+#include "device_event.h"
 
 namespace pycomm {
 namespace comm {
@@ -33,13 +34,27 @@ class MemoryMover {
   virtual void scale(void* dst, size_t count, kernels::DType dtype, double factor) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
 
-  // Working memory of the buffer's kind for the operation running now (an
-  // engine runs one operation at a time), kept between operations: a request
-  // that does not fit regrows the block to max(request, 2 x its size), so a
-  // steady stream of allreduces allocates nothing -- on a GPU no cudaMalloc,
-  // and no cudaFree, which synchronises the device. The block never exceeds
-  // the cache limit (PYCOMM_DEVICE_CACHE_MB); a larger request gets memory of
-  // its own, freed when its Lease ends.
+  // Tensor fusion on the buffer's memory (fusion.h): flat[off_k + i] = srcs[k][i], and back with
+  // the average's scale fused in. The CUDA pack/unpack kernels on a GPU, the CPU kernels on the host
+  // stand-in. Each returns once the memory holds the result.
+  virtual void pack(const void* const* srcs, const size_t* counts, size_t num, void* flat, kernels::DType dtype) = 0;
+  virtual void unpack(const void* flat, void* const* dsts, const size_t* counts, size_t num, kernels::DType dtype,
+                      double scale) = 0;
+
+  // Stream order (device_event.h): make every lane wait for `producer` (no host block), and record
+  // an event after everything issued on the lanes so far.
+  virtual void wait_event(DeviceEvent& producer) = 0;
+  virtual EventPtr record_done() = 0;
+
+  // Memory of the buffer's kind kept between operations (an engine runs one
+  // operation at a time): a request that does not fit regrows the block to
+  // max(request, 2 x its size), so a steady stream of allreduces allocates
+  // nothing -- on a GPU no cudaMalloc, and no cudaFree, which synchronises
+  // the device. The block never exceeds the cache limit
+  // (PYCOMM_DEVICE_CACHE_MB); a larger request gets memory of its own, freed
+  // when its Lease ends. Two blocks: the algorithms' working memory (the
+  // ring's receive slots) and the fusion buffer, which holds the packed
+  // tensors while the algorithm runs on it.
   class Lease {
    public:
     Lease(MemoryMover* mover, void* p, bool owned) : mover_(mover), p_(p), owned_(owned) {}
@@ -56,34 +71,45 @@ class MemoryMover {
     void* p_;
     bool owned_;
   };
-  Lease working_memory(size_t bytes) {
-    if (cache_ && bytes <= cache_bytes_) return Lease(this, cache_, false);
-    size_t want = std::max(bytes, cache_bytes_ * 2);
-    if (want > cache_limit_) want = bytes;
-    ++allocations_;
-    if (want > cache_limit_) return Lease(this, alloc_device(want), true);
-    drop_cache();
-    cache_ = alloc_device(want);
-    cache_bytes_ = want;
-    return Lease(this, cache_, false);
-  }
-  size_t cached_bytes() const { return cache_bytes_; }
-  uint64_t allocations() const { return allocations_; }  // blocks allocated by working_memory()
+  Lease working_memory(size_t bytes) { return lease(working_, bytes); }
+  Lease fusion_memory(size_t bytes) { return lease(fusion_, bytes); }
+  size_t cached_bytes() const { return working_.bytes; }
+  uint64_t allocations() const { return working_.allocations; }  // blocks allocated by working_memory()
+  size_t fusion_bytes() const { return fusion_.bytes; }
+  uint64_t fusion_allocations() const { return fusion_.allocations; }  // blocks allocated by fusion_memory()
   void set_cache_limit(size_t bytes) { cache_limit_ = bytes; }
 
  protected:
   // Derived destructors call this (free_device is theirs).
   void drop_cache() {
-    if (cache_) free_device(cache_);
-    cache_ = nullptr;
-    cache_bytes_ = 0;
+    drop(working_);
+    drop(fusion_);
   }
 
  private:
-  void* cache_ = nullptr;
-  size_t cache_bytes_ = 0;
+  struct Cache {
+    void* p = nullptr;
+    size_t bytes = 0;
+    uint64_t allocations = 0;
+  };
+  Lease lease(Cache& c, size_t bytes) {
+    if (c.p && bytes <= c.bytes) return Lease(this, c.p, false);
+    size_t want = std::max(bytes, c.bytes * 2);
+    if (want > cache_limit_) want = bytes;
+    ++c.allocations;
+    if (want > cache_limit_) return Lease(this, alloc_device(want), true);
+    drop(c);
+    c.p = alloc_device(want);
+    c.bytes = want;
+    return Lease(this, c.p, false);
+  }
+  void drop(Cache& c) {
+    if (c.p) free_device(c.p);
+    c.p = nullptr;
+    c.bytes = 0;
+  }
+  Cache working_, fusion_;
   size_t cache_limit_ = size_t(256) << 20;
-  uint64_t allocations_ = 0;
 };
 
 // CUDA streams and pinned host memory on `device` (staging_cuda.cu; CUDA builds only).

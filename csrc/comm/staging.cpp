@@ -1,5 +1,6 @@
 #include "staging.h"
 
+#include "../kernels/fusion.h"
 #include "../kernels/reduce.h"
 
 #include <algorithm>
@@ -80,6 +81,15 @@ void HostMover::scale(void* dst, size_t count, DType dtype, double factor) {
 }
 
 void HostMover::copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+
+void HostMover::pack(const void* const* srcs, const size_t* counts, size_t num, void* flat, DType dtype) {
+  kernels::fusion_pack_cpu(srcs, counts, num, flat, dtype);
+}
+
+void HostMover::unpack(const void* flat, void* const* dsts, const size_t* counts, size_t num, DType dtype,
+                       double scale) {
+  kernels::fusion_unpack_cpu(flat, dsts, counts, num, dtype, scale);
+}
 
 void HostMover::wait_lane(int lane) {
   Lane& l = lanes_[lane & 1];

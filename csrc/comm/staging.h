@@ -40,6 +40,12 @@ class HostMover : public MemoryMover {
   void reduce(void* dst, const void* src, size_t count, kernels::DType dtype, kernels::ReduceOp op) override;
   void scale(void* dst, size_t count, kernels::DType dtype, double factor) override;
   void copy(void* dst, const void* src, size_t bytes) override;
+  void pack(const void* const* srcs, const size_t* counts, size_t num, void* flat, kernels::DType dtype) override;
+  void unpack(const void* flat, void* const* dsts, const size_t* counts, size_t num, kernels::DType dtype,
+              double scale) override;
+  // The lanes' copies are waited for before the engine finishes an operation, so an event needs no ordering here.
+  void wait_event(DeviceEvent& producer) override { producer.order_stream(nullptr); }
+  EventPtr record_done() override { return record_host_event(); }
 
  private:
   struct Lane {

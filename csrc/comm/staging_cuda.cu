@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "../kernels/fusion.h"
 #include "../kernels/reduce.h"
 #include "memory_mover.h"
 
@@ -65,6 +66,27 @@ class CudaMover : public MemoryMover {
     check(cudaSetDevice(device_), "cudaSetDevice");
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, streams_[0]), "cudaMemcpyAsync D2D");
     check(cudaStreamSynchronize(streams_[0]), "cudaStreamSynchronize (copy)");
+  }
+  void pack(const void* const* srcs, const size_t* counts, size_t num, void* flat, kernels::DType dtype) override {
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    kernels::fusion_pack_cuda(srcs, counts, num, flat, dtype, streams_[0]);
+    check(cudaStreamSynchronize(streams_[0]), "cudaStreamSynchronize (pack)");
+  }
+  void unpack(const void* flat, void* const* dsts, const size_t* counts, size_t num, kernels::DType dtype,
+              double scale) override {
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    kernels::fusion_unpack_cuda(flat, dsts, counts, num, dtype, scale, streams_[0]);
+    check(cudaStreamSynchronize(streams_[0]), "cudaStreamSynchronize (unpack)");
+  }
+  // Both lanes wait for the producer on the device; the host goes on.
+  void wait_event(DeviceEvent& producer) override {
+    for (auto& s : streams_) producer.order_stream(s);
+  }
+  // After both lanes' work: lane 0 waits for lane 1 (one pooled event), then the done event is recorded on lane 0.
+  EventPtr record_done() override {
+    EventPtr lane1 = record_cuda_event(device_, streams_[1]);
+    lane1->order_stream(streams_[0]);
+    return record_cuda_event(device_, streams_[0]);
   }
 
  private:
