@@ -8,7 +8,8 @@
 //     (fp16/bf16: the double-buffered pipeline of staging.h, with the ring's
 //     sums on the host; onebit: its all-to-all and allgather blocks, n/8 + 4N
 //     bytes, one copy down and one up for each).
-// Working memory comes from the table's workspace (cached, grows 2x), the
+// Working memory comes from the table's workspace (cached, grows 2x, bounded
+// by PYCOMM_DEVICE_CACHE_MB), the
 // ring's slots from the MemoryMover's, so a steady stream of calls allocates
 // nothing.
 #include <mpi.h>
@@ -66,7 +67,8 @@ void exchange(bool alltoall, const void* send, void* recv, size_t block, MPI_Com
 void device_half(const CompressedArgs& a, MPI_Comm comm, int size, DeviceOps& ops, const DeviceWire& w) {
   const size_t n = a.input.count;
   const DType half = a.compression == Compression::BF16 ? DType::BF16 : DType::F16;
-  void* h = ops.workspace(n * 2);
+  DeviceOps::Workspace ws = ops.workspace(n * 2);
+  void* h = ws.get();
   // Pre-divided cast: y = half(x / N) for an average.
   const float scale = a.average ? 1.0f / static_cast<float>(size) : 1.0f;
   timeline::Phase phase("COMPRESS");
@@ -108,7 +110,8 @@ void device_onebit(const CompressedArgs& a, MPI_Comm comm, int rank, int size, D
   // unaligned scale, the wire format), the server's float32 sum (m), and the
   // scales copied to aligned floats for the kernels (N).
   const size_t blocks = aligned(B * N);
-  uint8_t* ws = static_cast<uint8_t*>(ops.workspace(3 * blocks + aligned(m * 4) + aligned(N * 4)));
+  DeviceOps::Workspace lease = ops.workspace(3 * blocks + aligned(m * 4) + aligned(N * 4));
+  uint8_t* ws = static_cast<uint8_t*>(lease.get());
   uint8_t* send = ws;
   uint8_t* recv = ws + blocks;
   uint8_t* gathered = ws + 2 * blocks;

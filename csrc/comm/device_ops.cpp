@@ -15,14 +15,16 @@
 namespace pycomm {
 namespace comm {
 
-void* DeviceOps::workspace(size_t bytes) {
-  if (ws_ && bytes <= ws_bytes_) return ws_;
-  const size_t want = std::max(bytes, 2 * ws_bytes_);
+DeviceOps::Workspace DeviceOps::workspace(size_t bytes) {
+  if (ws_ && bytes <= ws_bytes_) return Workspace(this, ws_, false);
+  size_t want = std::max(bytes, 2 * ws_bytes_);
+  if (want > cache_limit_) want = bytes;
+  ++ws_allocations_;
+  if (want > cache_limit_) return Workspace(this, alloc(want), true);
   drop_workspace();
   ws_ = alloc(want);
   ws_bytes_ = want;
-  ++ws_allocations_;
-  return ws_;
+  return Workspace(this, ws_, false);
 }
 
 void DeviceOps::drop_workspace() {
@@ -86,14 +88,22 @@ class CpuOps : public DeviceOps {
 }  // namespace
 
 DeviceOps& cpu_device_ops() {
-  static CpuOps ops;
-  return ops;
+  static CpuOps* ops = new CpuOps();  // never destroyed: engines may run until exit
+  return *ops;
+}
+
+WorkspaceStats device_ops_workspace_stats() {
+  WorkspaceStats s = cuda_ops_workspace_stats();
+  s.bytes += cpu_device_ops().workspace_bytes();
+  s.allocations += cpu_device_ops().workspace_allocations();
+  return s;
 }
 
 #ifndef PYCOMM_WITH_CUDA
 DeviceOps& cuda_device_ops(int) {
   throw CommError("pycomm was built without CUDA; reinstall with a CUDA build of torch (PYCOMM_CUDA=1)");
 }
+WorkspaceStats cuda_ops_workspace_stats() { return {}; }
 #endif
 
 }  // namespace comm

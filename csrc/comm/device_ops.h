@@ -44,9 +44,28 @@ class DeviceOps {
   // Working memory of this kind for the operation running now (an engine runs
   // one at a time), kept between operations and regrown to max(request, 2 x
   // its size) when too small: a steady stream of compressed allreduces
-  // allocates nothing. Separate from MemoryMover::working_memory, which the
-  // ring underneath leases at the same time.
-  void* workspace(size_t bytes);
+  // allocates nothing. Never above the cache limit (PYCOMM_DEVICE_CACHE_MB,
+  // as the movers'): a larger request gets memory of its own, freed when its
+  // Workspace ends. Separate from MemoryMover::working_memory, which the ring
+  // underneath leases at the same time.
+  class Workspace {
+   public:
+    Workspace(DeviceOps* ops, void* p, bool owned) : ops_(ops), p_(p), owned_(owned) {}
+    Workspace(const Workspace&) = delete;
+    Workspace& operator=(const Workspace&) = delete;
+    Workspace(Workspace&& o) noexcept : ops_(o.ops_), p_(o.p_), owned_(o.owned_) { o.owned_ = false; }
+    ~Workspace() {
+      if (owned_) ops_->release(p_);
+    }
+    void* get() const { return p_; }
+
+   private:
+    DeviceOps* ops_;
+    void* p_;
+    bool owned_;
+  };
+  Workspace workspace(size_t bytes);
+  void set_cache_limit(size_t bytes) { cache_limit_ = bytes; }
   size_t workspace_bytes() const { return ws_bytes_; }
   uint64_t workspace_allocations() const { return ws_allocations_; }
 
@@ -59,7 +78,16 @@ class DeviceOps {
   void* ws_ = nullptr;
   size_t ws_bytes_ = 0;
   uint64_t ws_allocations_ = 0;
+  size_t cache_limit_ = size_t(256) << 20;
 };
+
+// The workspaces of every table made so far in this process (pycomm.stats():
+// device_cache_bytes, device_cache_allocations).
+struct WorkspaceStats {
+  uint64_t bytes = 0, allocations = 0;
+};
+WorkspaceStats device_ops_workspace_stats();
+WorkspaceStats cuda_ops_workspace_stats();  // device_ops_cuda.cu; zero in CPU-only builds
 
 // The table for host memory (one per process).
 DeviceOps& cpu_device_ops();

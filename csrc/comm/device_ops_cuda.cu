@@ -137,15 +137,35 @@ class CudaOps : public DeviceOps {
 
 }  // namespace
 
+namespace {
+std::mutex& tables_mu() {
+  static std::mutex* mu = new std::mutex();
+  return *mu;
+}
+std::vector<CudaOps*>& tables() {
+  static std::vector<CudaOps*>* t = new std::vector<CudaOps*>();  // leaked on purpose: see CudaOps
+  return *t;
+}
+}  // namespace
+
 DeviceOps& cuda_device_ops(int device) {
-  static std::mutex mu;
-  static std::vector<CudaOps*>* tables = new std::vector<CudaOps*>();  // leaked on purpose: see CudaOps
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(tables_mu());
   if (device < 0) device = 0;
-  if (tables->size() <= static_cast<size_t>(device)) tables->resize(static_cast<size_t>(device) + 1, nullptr);
-  CudaOps*& t = (*tables)[static_cast<size_t>(device)];
+  if (tables().size() <= static_cast<size_t>(device)) tables().resize(static_cast<size_t>(device) + 1, nullptr);
+  CudaOps*& t = tables()[static_cast<size_t>(device)];
   if (!t) t = new CudaOps(device);
   return *t;
+}
+
+WorkspaceStats cuda_ops_workspace_stats() {
+  std::lock_guard<std::mutex> lock(tables_mu());
+  WorkspaceStats s;
+  for (const CudaOps* t : tables()) {
+    if (!t) continue;
+    s.bytes += t->workspace_bytes();
+    s.allocations += t->workspace_allocations();
+  }
+  return s;
 }
 
 }  // namespace comm

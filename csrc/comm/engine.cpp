@@ -9,6 +9,7 @@
 #include "../kernels/fusion.h"
 #include "../kernels/reduce.h"
 #include "algorithms.h"
+#include "device_ops.h"
 #include "mpi_types.h"
 #include "shm_window.h"
 #include "staging.h"
@@ -324,6 +325,9 @@ size_t Engine::execute(std::vector<Op*>& batch) {
       stats_.device_cache_bytes += m->cached_bytes();
       stats_.device_cache_allocations += m->allocations();
     }
+    const WorkspaceStats ws = device_ops_workspace_stats();  // the compressed allreduce's device workspaces
+    stats_.device_cache_bytes += ws.bytes;
+    stats_.device_cache_allocations += ws.allocations;
     last_op_ = batch.front()->sig.describe() + (count > 1 ? " and " + std::to_string(count - 1) + " fused" : "");
     idle_since_ = std::chrono::steady_clock::now();
   }

@@ -70,6 +70,7 @@ class MemoryMover {
   size_t cached_bytes() const { return cache_bytes_; }
   uint64_t allocations() const { return allocations_; }  // blocks allocated by working_memory()
   void set_cache_limit(size_t bytes) { cache_limit_ = bytes; }
+  size_t cache_limit() const { return cache_limit_; }
 
  protected:
   // Derived destructors call this (free_device is theirs).

@@ -212,6 +212,29 @@ def test_bad_input_is_reported_on_the_device_paths(path, device):
     assert torch.equal(y.cpu(), torch.full((5,), float(size)))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("path", PATHS)
+def test_no_allocation_per_call(path, device):
+    """The device form's workspace is kept between calls (pycomm.stats(): device_cache_*): after the
+    first call of a size, more calls of that size allocate nothing."""
+    skip_unless_applies(path, device)
+    rank = pycomm.rank()
+    c = OneBit()
+    with device_path(path, device):
+        for compression in ("bf16", c):
+            x = on(device, rank_data(rank, 20_001, torch.float32, seed=700))
+            for i in range(4):
+                if compression is c:
+                    c.allreduce_async(x.clone(), name="w").wait()
+                else:
+                    pycomm.allreduce(x.clone(), compression=compression)
+                if i == 0:
+                    first = pycomm.stats()
+            after = pycomm.stats()
+            assert after["device_cache_allocations"] == first["device_cache_allocations"], compression
+            assert after["device_cache_bytes"] >= 2 * 20_001, "the half buffer at least"
+
+
 def test_tensors_on_other_devices_are_refused():
     # A compressor used directly (pycomm.allreduce checks the device before it gets there).
     with pytest.raises(ValueError, match="handles CPU and CUDA tensors; tensor 'm' is on meta"):
