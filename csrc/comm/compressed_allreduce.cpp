@@ -426,8 +426,9 @@ WorkPtr Engine::compressed_allreduce(const CompressedArgs& args, std::shared_ptr
                       "unset force_device_direct to stage through host memory");
     if (direct || device || active_.force_staging) {
       DeviceOps& ops = device ? cuda_device_ops(args.input.device_index) : cpu_device_ops();
-      DeviceWire wire{mover_for(args.input), direct, *staging_, active_.staging_chunk_bytes, active_.ring_chunk_bytes};
-      ops.set_cache_limit(wire.mover.cache_limit());  // PYCOMM_DEVICE_CACHE_MB
+      MemoryMover& mover = mover_for(args.input);
+      DeviceWire wire{mover,   direct, *staging_, active_.staging_chunk_bytes, active_.ring_chunk_bytes,
+                      this,    mover.cache_limit()};
       device_compressed_allreduce(args, topo_.world, ops, wire, &st);
     } else if (across_nodes)
       hierarchical_compressed_allreduce(args, topo_, shm(), active_.ring_chunk_bytes, &st);

@@ -122,6 +122,8 @@ struct DeviceWire {
   StagingBuffers& staging;   // the engine's pinned host chunks
   size_t staging_chunk_bytes;
   size_t ring_chunk_bytes;
+  const void* owner;         // the engine (its workspace in `ops`)
+  size_t cache_limit;        // PYCOMM_DEVICE_CACHE_MB
 };
 void device_compressed_allreduce(const CompressedArgs& args, MPI_Comm comm, DeviceOps& ops, const DeviceWire& wire,
                                  CompressedStats* stats);

@@ -67,7 +67,7 @@ void exchange(bool alltoall, const void* send, void* recv, size_t block, MPI_Com
 void device_half(const CompressedArgs& a, MPI_Comm comm, int size, DeviceOps& ops, const DeviceWire& w) {
   const size_t n = a.input.count;
   const DType half = a.compression == Compression::BF16 ? DType::BF16 : DType::F16;
-  DeviceOps::Workspace ws = ops.workspace(n * 2);
+  DeviceOps::Workspace ws = ops.workspace(w.owner, n * 2, w.cache_limit);
   void* h = ws.get();
   // Pre-divided cast: y = half(x / N) for an average.
   const float scale = a.average ? 1.0f / static_cast<float>(size) : 1.0f;
@@ -110,7 +110,7 @@ void device_onebit(const CompressedArgs& a, MPI_Comm comm, int rank, int size, D
   // unaligned scale, the wire format), the server's float32 sum (m), and the
   // scales copied to aligned floats for the kernels (N).
   const size_t blocks = aligned(B * N);
-  DeviceOps::Workspace lease = ops.workspace(3 * blocks + aligned(m * 4) + aligned(N * 4));
+  DeviceOps::Workspace lease = ops.workspace(w.owner, 3 * blocks + aligned(m * 4) + aligned(N * 4), w.cache_limit);
   uint8_t* ws = static_cast<uint8_t*>(lease.get());
   uint8_t* send = ws;
   uint8_t* recv = ws + blocks;

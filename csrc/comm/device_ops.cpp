@@ -15,29 +15,37 @@
 namespace pycomm {
 namespace comm {
 
-DeviceOps::Workspace DeviceOps::workspace(size_t bytes) {
-  if (ws_ && bytes <= ws_bytes_) return Workspace(this, ws_, false);
-  size_t want = std::max(bytes, 2 * ws_bytes_);
-  if (want > cache_limit_) want = bytes;
-  ++ws_allocations_;
-  if (want > cache_limit_) return Workspace(this, alloc(want), true);
-  drop_workspace();
-  ws_ = alloc(want);
-  ws_bytes_ = want;
-  return Workspace(this, ws_, false);
+DeviceOps::Workspace DeviceOps::workspace(const void* owner, size_t bytes, size_t cache_limit) {
+  std::unique_lock<std::mutex> lock(mu_);
+  Block& b = blocks_[owner];
+  if (b.p && bytes <= b.bytes) return Workspace(this, b.p, false);
+  size_t want = std::max(bytes, 2 * b.bytes);
+  if (want > cache_limit) want = bytes;
+  ++allocations_;
+  if (want > cache_limit) return Workspace(this, alloc(want), true);
+  if (b.p) release(b.p);
+  b = Block{};
+  b.p = alloc(want);
+  b.bytes = want;
+  return Workspace(this, b.p, false);
 }
 
-void DeviceOps::drop_workspace() {
-  if (ws_) release(ws_);
-  ws_ = nullptr;
-  ws_bytes_ = 0;
+uint64_t DeviceOps::workspace_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t total = 0;
+  for (const auto& kv : blocks_) total += kv.second.bytes;
+  return total;
+}
+
+uint64_t DeviceOps::workspace_allocations() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allocations_;
 }
 
 namespace {
 
 class CpuOps : public DeviceOps {
  public:
-  ~CpuOps() override { drop_workspace(); }
   const char* name() const override { return "cpu"; }
   int cast_to_half(const float* x, void* y, size_t n, DType half, float scale) override {
     int bad = 0;

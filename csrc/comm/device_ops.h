@@ -12,6 +12,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <mutex>
 
 #include "../kernels/dtype.h"
 
@@ -41,13 +43,14 @@ class DeviceOps {
   virtual void fill_zero(void* p, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // within this memory (unaligned is fine)
 
-  // Working memory of this kind for the operation running now (an engine runs
-  // one at a time), kept between operations and regrown to max(request, 2 x
-  // its size) when too small: a steady stream of compressed allreduces
-  // allocates nothing. Never above the cache limit (PYCOMM_DEVICE_CACHE_MB,
-  // as the movers'): a larger request gets memory of its own, freed when its
-  // Workspace ends. Separate from MemoryMover::working_memory, which the ring
-  // underneath leases at the same time.
+  // Working memory of this kind for the operation an engine runs now (one
+  // at a time per engine; `owner` names the engine, so engines of different
+  // groups never share a block), kept between operations and regrown to
+  // max(request, 2 x its size) when too small: a steady stream of compressed
+  // allreduces allocates nothing. Never above the cache limit
+  // (PYCOMM_DEVICE_CACHE_MB, as the movers'): a larger request gets memory of
+  // its own, freed when its Workspace ends. Separate from
+  // MemoryMover::working_memory, which the ring underneath leases at the same time.
   class Workspace {
    public:
     Workspace(DeviceOps* ops, void* p, bool owned) : ops_(ops), p_(p), owned_(owned) {}
@@ -64,21 +67,22 @@ class DeviceOps {
     void* p_;
     bool owned_;
   };
-  Workspace workspace(size_t bytes);
-  void set_cache_limit(size_t bytes) { cache_limit_ = bytes; }
-  size_t workspace_bytes() const { return ws_bytes_; }
-  uint64_t workspace_allocations() const { return ws_allocations_; }
+  Workspace workspace(const void* owner, size_t bytes, size_t cache_limit);
+  uint64_t workspace_bytes() const;
+  uint64_t workspace_allocations() const;
 
  protected:
   virtual void* alloc(size_t bytes) = 0;
   virtual void release(void* p) = 0;
-  void drop_workspace();  // derived destructors call this
 
  private:
-  void* ws_ = nullptr;
-  size_t ws_bytes_ = 0;
-  uint64_t ws_allocations_ = 0;
-  size_t cache_limit_ = size_t(256) << 20;
+  struct Block {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  mutable std::mutex mu_;  // guards the map; each block is used by its owner alone
+  std::map<const void*, Block> blocks_;
+  uint64_t allocations_ = 0;
 };
 
 // The workspaces of every table made so far in this process (pycomm.stats():

@@ -46,7 +46,8 @@ class CudaOps : public DeviceOps {
     PYCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     PYCOMM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&flag_), sizeof(int)));
   }
-  // Never destroyed (see cuda_device_ops): the CUDA runtime may be gone at process exit.
+  // Never destroyed (see cuda_device_ops): the CUDA runtime may be gone at process exit, so
+  // the workspaces are left to the driver's teardown.
   const char* name() const override { return "cuda"; }
 
   int cast_to_half(const float* x, void* y, size_t n, DType half, float scale) override {
@@ -115,9 +116,9 @@ class CudaOps : public DeviceOps {
     PYCOMM_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
     return p;
   }
-  void release(void* p) override {
-    enter();
-    PYCOMM_CUDA_CHECK(cudaFree(p));
+  void release(void* p) override {  // from destructors: must not throw
+    cudaSetDevice(device_);
+    cudaFree(p);
   }
 
  private:
