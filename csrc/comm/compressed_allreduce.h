@@ -49,7 +49,7 @@ struct CompressedStats {
 };
 
 struct CompressedArgs {
-  Buffer input;   // float32, contiguous host memory
+  Buffer input;   // float32, contiguous; host or device memory (then every buffer here on that device)
   Buffer output;  // float32, same count; == input for in place
   Compression compression = Compression::FP16;
   bool average = true;  // op=avg; false: op=sum
