@@ -27,8 +27,12 @@ The math is ALGORITHMS.md §2:
   (2 S/32 instead of 2 S). The residuals e_w (n floats) and e_s (m floats)
   are training state, kept per tensor name, in ``state_dict()``.
 
-Contract for all of them: the input is a contiguous float32 CPU tensor; op is
-"avg" or "sum"; every rank ends with bitwise the same result. A tensor that
+Contract for all of them: the input is a contiguous float32 tensor on the
+host or on a CUDA device; op is "avg" or "sum"; every rank ends with bitwise
+the same result. On a CUDA tensor the cast, the sign packing, the scales and
+the error feedback run with pycomm's CUDA kernels on the device, only the
+compressed bytes cross MPI (device pointers on a CUDA-aware MPI, pinned host
+chunks otherwise), and the onebit residuals live on the tensor's device. A tensor that
 holds inf or NaN on any rank (or, for fp16, a value beyond the fp16 range
 after the pre-division) is *reported, not spread*: every rank raises
 ``pycomm.CommError`` naming the offending ranks, and neither the output nor
@@ -184,16 +188,22 @@ class NoCompression(Compressor):
 
 
 class _EngineCompressor(Compressor):
-    """A compression that pycomm's C++ engine runs (float32 CPU tensors)."""
+    """A compression that pycomm's C++ engine runs (float32 tensors, host or CUDA)."""
 
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype == torch.float32
 
     def check(self, tensor, op, name) -> None:
         super().check(tensor, op, name)
-        if tensor.device.type != "cpu":
-            raise ValueError(f"pycomm.allreduce: compression={self.name!r} handles CPU tensors in this build; "
+        if tensor.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"pycomm.allreduce: compression={self.name!r} handles CPU and CUDA tensors; "
                              f"tensor{_label(name)} is on {tensor.device}")
+
+    @staticmethod
+    def _check_out(tensor, out, name) -> None:
+        if out is not None and out is not tensor and out.device != tensor.device:
+            raise ValueError(f"pycomm.allreduce: out is on {out.device} but tensor{_label(name)} on "
+                             f"{tensor.device}; pass out on the tensor's device")
 
     def wire_bytes(self, numel: int, world_size: int, rank: int = 0) -> int:
         return int(_C.compressed_wire_bytes(self.name, numel, world_size, rank))
@@ -210,6 +220,7 @@ class _HalfCompressor(_EngineCompressor):
 
     def allreduce_async(self, tensor, op="avg", name=None, out=None, _blocking=False):
         self.check(tensor, op, name)
+        self._check_out(tensor, out, name)
         out = tensor if out is None else out
         return _C.compressed_allreduce_async(tensor, out, self.name, op == "avg", None, None, None, name or "",
                                              _blocking)
@@ -261,8 +272,13 @@ class OneBit(_EngineCompressor):
     loss matches float32 closely; heavy-ball momentum on top of 1-bit
     gradients lags (compress the momentum instead, as 1-bit Adam does).
 
+    Device: the residuals of a tensor live on its device (a CUDA tensor's
+    on its GPU, updated there by the CUDA kernels); a mask set on the host is
+    copied to the tensor's device once and kept there.
+
     Checkpoints: ``state_dict()`` waits for the calls in flight and returns
-    copies of this rank's residuals with the world size. Loading into a job of
+    copies of this rank's residuals (on their device) with the world size;
+    loaded residuals move to the tensor's device at its next call. Loading into a job of
     another world size keeps the worker residuals and zeroes the server
     residuals (their chunks belong to other ranks then), with a warning.
     """
@@ -272,6 +288,7 @@ class OneBit(_EngineCompressor):
     def __init__(self, masks: Optional[Dict[str, torch.Tensor]] = None):
         self._residuals: Dict[str, _Residuals] = {}
         self._masks: Dict[str, torch.Tensor] = {}
+        self._device_masks: Dict[Tuple[str, torch.device], torch.Tensor] = {}  # masks copied to a device
         self._pending: Dict[str, Any] = {}
         self._lock = threading.Lock()
         for k, v in (masks or {}).items():
@@ -282,8 +299,6 @@ class OneBit(_EngineCompressor):
     def _as_mask(mask: torch.Tensor, numel: Optional[int], name: Optional[str]) -> torch.Tensor:
         if not isinstance(mask, torch.Tensor):
             raise TypeError(f"onebit mask{_label(name)}: expected a tensor, got {type(mask).__name__}")
-        if mask.device.type != "cpu":
-            raise ValueError(f"onebit mask{_label(name)}: expected a CPU tensor, got one on {mask.device}")
         if numel is not None and mask.numel() != numel:
             raise ValueError(f"onebit mask{_label(name)} has {mask.numel()} elements, the tensor {numel}")
         if mask.dtype not in (torch.bool, torch.uint8):
@@ -292,10 +307,20 @@ class OneBit(_EngineCompressor):
 
     def set_mask(self, name: str, mask: Optional[torch.Tensor]) -> None:
         """Keep the elements of tensor `name` where `mask` is 0 exactly zero (None removes the mask)."""
+        self._device_masks = {k: v for k, v in self._device_masks.items() if k[0] != name}
         if mask is None:
             self._masks.pop(name, None)
         else:
             self._masks[name] = self._as_mask(mask, None, name)
+
+    def _mask_on(self, name: str, device: torch.device) -> Optional[torch.Tensor]:
+        mask = self._masks.get(name)
+        if mask is None or mask.device == device:
+            return mask
+        key = (name, device)
+        if key not in self._device_masks:
+            self._device_masks[key] = mask.to(device)
+        return self._device_masks[key]
 
     # ---- state ----
     def residuals(self, name: str) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
@@ -306,7 +331,8 @@ class OneBit(_EngineCompressor):
     def names(self) -> List[str]:
         return list(self._residuals)
 
-    def _residuals_for(self, name: str, numel: int, world: int) -> _Residuals:
+    def _residuals_for(self, name: str, numel: int, world: int,
+                       device: torch.device = torch.device("cpu")) -> _Residuals:
         r = self._residuals.get(name)
         padded, chunk = _C.onebit_layout(numel, world)
         if r is not None:
@@ -314,10 +340,13 @@ class OneBit(_EngineCompressor):
                 raise ValueError(f"onebit: tensor '{name}' has {numel} elements but its residuals were made for "
                                  f"{r.worker.numel()}; names must be unique per tensor (or call reset('{name}'))")
             if r.world_size != world or r.server.numel() != chunk:
-                r.server = torch.zeros(chunk, dtype=torch.float32)
+                r.server = torch.zeros(chunk, dtype=torch.float32, device=device)
                 r.world_size = world
+            if r.worker.device != device or r.server.device != device:  # the state follows its tensor
+                r.worker, r.server = r.worker.to(device), r.server.to(device)
             return r
-        r = _Residuals(torch.zeros(numel, dtype=torch.float32), torch.zeros(chunk, dtype=torch.float32), world)
+        r = _Residuals(torch.zeros(numel, dtype=torch.float32, device=device),
+                       torch.zeros(chunk, dtype=torch.float32, device=device), world)
         self._residuals[name] = r
         return r
 
@@ -366,11 +395,11 @@ class OneBit(_EngineCompressor):
     # ---- generic interface (one rank, no communication) ----
     def compress(self, tensor, name):
         """Worker side only: (bits uint8, scales float32) of tensor + residual, updating the worker residual."""
-        r = self._residuals_for(name or "", tensor.numel(), size())
+        r = self._residuals_for(name or "", tensor.numel(), size(), tensor.device)
         _, chunk = _C.onebit_layout(tensor.numel(), size())
         bits, scales = kernels.onebit_compress(tensor.reshape(-1).contiguous().float(), r.worker, chunk=max(chunk, 8),
-                                               mask=self._masks.get(name or ""))
-        return [bits, scales], (tensor.shape, max(chunk, 8), self._masks.get(name or ""))
+                                               mask=self._mask_on(name or "", tensor.device))
+        return [bits, scales], (tensor.shape, max(chunk, 8), self._mask_on(name or "", tensor.device))
 
     def decompress(self, payload, ctx):
         shape, chunk, mask = ctx
@@ -382,17 +411,21 @@ class OneBit(_EngineCompressor):
     # ---- the collective ----
     def allreduce_async(self, tensor, op="avg", name=None, out=None, _blocking=False, mask=None):
         self.check(tensor, op, name)
+        self._check_out(tensor, out, name)
         if not name:
             raise ValueError("pycomm.allreduce(compression='onebit') needs name=: the error-feedback residuals are "
                              "kept per tensor name")
         out = tensor if out is None else out
         if mask is not None:
             mask = self._as_mask(mask, tensor.numel(), name)
+            if mask.device != tensor.device:
+                raise ValueError(f"onebit mask '{name}' is on {mask.device}, the tensor on {tensor.device}; pass "
+                                 "the mask on the tensor's device (or set_mask() it once)")
         else:
-            mask = self._masks.get(name)
+            mask = self._mask_on(name, tensor.device)
             if mask is not None and mask.numel() != tensor.numel():
                 raise ValueError(f"onebit mask '{name}' has {mask.numel()} elements, the tensor {tensor.numel()}")
-        r = self._residuals_for(name, tensor.numel(), size())
+        r = self._residuals_for(name, tensor.numel(), size(), tensor.device)
         h = _C.compressed_allreduce_async(tensor, out, "onebit", op == "avg", r.worker, r.server, mask, name,
                                           _blocking)
         with self._lock:

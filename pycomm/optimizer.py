@@ -71,7 +71,7 @@ def ring_bytes_sent(payload_bytes: int, world_size: int) -> int:
 
 
 class _Bucket:
-    __slots__ = ("index", "params", "numel", "dtype", "buffer", "host", "ready", "handle")
+    __slots__ = ("index", "params", "numel", "dtype", "buffer", "ready", "handle")
 
     def __init__(self, index: int, params: List[torch.nn.Parameter]):
         self.index = index
@@ -79,7 +79,6 @@ class _Bucket:
         self.numel = sum(p.numel() for p in params)
         self.dtype = params[0].dtype
         self.buffer: Optional[torch.Tensor] = None
-        self.host: Optional[torch.Tensor] = None  # a device bucket's host copy, for compression
         self.ready = 0
         self.handle = None
 
@@ -97,8 +96,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         pycomm.compression.Compressor. The optimizer gets its own compressor
         (for onebit: its own error-feedback residuals, one pair per bucket,
         saved in ``state_dict()`` under "pycomm_compression", per rank).
-        Compression applies to float32 buckets (a CUDA bucket through a host
-        copy); buckets of other dtypes are reduced uncompressed, with one
+        Compression applies to float32 buckets (a CUDA bucket compressed on
+        its device by the CUDA kernels); buckets of other dtypes are reduced uncompressed, with one
         warning at construction.
     backward_passes_per_step: backward passes accumulated locally per reduction.
     op: "avg" (default) or "sum" over ranks.
@@ -277,15 +276,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         name = f"DistributedOptimizer.bucket{b.index}"
         nbytes = b.numel * b.buffer.element_size()
         if self._compressed(b):
-            wire = b.buffer
-            if b.buffer.device.type != "cpu":
-                # The compressed allreduce runs on host memory: a device bucket is compressed through a
-                # host copy (the staged path), copied back in synchronize().
-                if b.host is None or b.host.numel() != b.numel or b.host.dtype != b.dtype:
-                    b.host = torch.empty(b.numel, dtype=b.dtype, pin_memory=torch.cuda.is_available())
-                b.host.copy_(b.buffer)
-                wire = b.host
-            b.handle = self.compressor.allreduce_async(wire, op=self.op, name=name)
+            # A CUDA bucket is compressed on its device (the engine's device paths): only the
+            # compressed bytes leave the GPU.
+            b.handle = self.compressor.allreduce_async(b.buffer, op=self.op, name=name)
             self.bytes_sent += self.compressor.wire_bytes(b.numel, size(), rank())
         else:
             b.handle = collectives.allreduce_async(b.buffer, op=self.op, algorithm=self.algorithm, name=name)
@@ -312,8 +305,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         with torch.no_grad():
             for b in self._buckets:
                 b.handle.wait()
-                if b.buffer.device.type != "cpu" and self._compressed(b):
-                    b.buffer.copy_(b.host)
                 offset = 0
                 for p in b.params:
                     n = p.numel()

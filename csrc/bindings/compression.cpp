@@ -5,6 +5,9 @@
 #include "../comm/compressed_allreduce.h"
 #include "../comm/engine.h"
 #include "bindings.h"
+#ifdef PYCOMM_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace py = pybind11;
 
@@ -50,8 +53,7 @@ comm::Buffer float_buffer(const at::Tensor& t, const char* what) {
   if (t.scalar_type() != at::kFloat)
     throw py::type_error(std::string(what) + ": expected a float32 tensor, got " +
                          std::string(c10::toString(t.scalar_type())));
-  if (!t.is_cpu()) throw py::value_error(std::string(what) + ": compressed allreduce handles CPU tensors only");
-  return to_buffer(t, what);
+  return to_buffer(t, what);  // host or CUDA memory; the engine checks that all of them share one device
 }
 
 std::shared_ptr<CompressedHandle> compressed_allreduce_async(const at::Tensor& input, const at::Tensor& output,
@@ -77,13 +79,22 @@ std::shared_ptr<CompressedHandle> compressed_allreduce_async(const at::Tensor& i
     keep.push_back(*server_residual);
     if (mask) {
       const at::Tensor& mk = *mask;
-      if ((mk.scalar_type() != at::kByte && mk.scalar_type() != at::kBool) || !mk.is_cpu() || !mk.is_contiguous())
-        throw py::type_error("onebit mask: expected a contiguous CPU uint8 or bool tensor");
+      if ((mk.scalar_type() != at::kByte && mk.scalar_type() != at::kBool) || !mk.is_contiguous())
+        throw py::type_error("onebit mask: expected a contiguous uint8 or bool tensor");
       a.mask.data = mk.data_ptr();
       a.mask.count = static_cast<size_t>(mk.numel());  // one byte per element; the dtype field is not read
+      if (mk.is_cuda()) {
+        a.mask.device = comm::Device::CUDA;
+        a.mask.device_index = mk.get_device();
+      }
       keep.push_back(mk);
     }
   }
+#ifdef PYCOMM_WITH_CUDA
+  // The engine's kernels run on streams of its own: first let the work queued
+  // on torch's current stream (which produced the tensors) finish.
+  if (input.is_cuda()) c10::cuda::getCurrentCUDAStream(input.get_device()).synchronize();
+#endif
   a.stats = std::make_shared<comm::CompressedStats>();
   auto stats = a.stats;
   auto keepalive = std::make_shared<std::vector<at::Tensor>>(std::move(keep));

@@ -14,8 +14,10 @@
 #include "../kernels/onebit.h"
 #include "algorithms.h"
 #include "coordinator.h"
+#include "device_ops.h"
 #include "engine.h"
 #include "shm_window.h"
+#include "staging.h"
 #include "timeline.h"
 
 namespace pycomm {
@@ -64,35 +66,7 @@ uint64_t compressed_wire_bytes(Compression c, size_t n, int world, int rank) {
   return ring_wire_bytes(n, 2, world, rank);
 }
 
-namespace {
-
-// Scratch memory reused between calls. Engine operations never overlap (one
-// runs at a time, on the worker or inline on a caller), the mutex only makes
-// that explicit.
-struct Scratch {
-  std::mutex mu;
-  std::vector<uint8_t> a, b, c;
-  std::vector<float> f;
-};
-Scratch& scratch() {
-  static Scratch s;
-  return s;
-}
-
-template <class T>
-T* sized(std::vector<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
-
-// 1 if any kept element of x is inf or NaN.
-int has_nonfinite(const float* x, const uint8_t* mask, size_t n) {
-  int bad = 0;
-  const int threads = kernels::threads_for(n * sizeof(float));
-#pragma omp parallel for reduction(| : bad) schedule(static) num_threads(threads) if (threads > 1)
-  for (size_t i = 0; i < n; ++i) bad |= (!(std::fabs(x[i]) <= FLT_MAX) && (!mask || mask[i])) ? 1 : 0;
-  return bad;
-}
+namespace compressed_detail {
 
 // Every rank learns which ranks flagged non-finite input; all of them throw
 // the same error when any did, before anything has been written.
@@ -121,6 +95,48 @@ void agree_finite(int bad, MPI_Comm comm, int size, const CompressedArgs& a, con
                                "65504); nothing was written. Use compression='bf16' (float32's range)."
                              : ": the sum overflowed float16; nothing was written. Use op='avg' (pre-divides by "
                                "the number of ranks) or compression='bf16'."));
+}
+
+const char* half_input_problem(DType half, bool average) {
+  return half == DType::F16 && average ? "inf or NaN, or a value beyond the float16 range even after the "
+                                         "division by the number of ranks (use compression='bf16')"
+         : half == DType::F16 ? "inf or NaN, or a value beyond the float16 range (op='avg' divides by the "
+                                "number of ranks first; compression='bf16' has float32's range)"
+                              : "inf or NaN";
+}
+
+}  // namespace compressed_detail
+using compressed_detail::agree_finite;
+using compressed_detail::throw_fp16_overflow;
+
+namespace {
+
+// Scratch memory reused between calls. Engine operations never overlap (one
+// runs at a time, on the worker or inline on a caller), the mutex only makes
+// that explicit.
+struct Scratch {
+  std::mutex mu;
+  std::vector<uint8_t> a, b, c;
+  std::vector<float> f;
+};
+Scratch& scratch() {
+  static Scratch s;
+  return s;
+}
+
+template <class T>
+T* sized(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+// 1 if any kept element of x is inf or NaN.
+int has_nonfinite(const float* x, const uint8_t* mask, size_t n) {
+  int bad = 0;
+  const int threads = kernels::threads_for(n * sizeof(float));
+#pragma omp parallel for reduction(| : bad) schedule(static) num_threads(threads) if (threads > 1)
+  for (size_t i = 0; i < n; ++i) bad |= (!(std::fabs(x[i]) <= FLT_MAX) && (!mask || mask[i])) ? 1 : 0;
+  return bad;
 }
 
 // 1 if any element of the half buffer is inf or NaN (exponent all ones, for fp16 and bf16 alike).
@@ -167,12 +183,7 @@ void half_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, size_t ri
   int bad = 0;
   timeline::Phase phase("COMPRESS");
   kernels::cast_to_half_cpu(x, h, n, half, scale, &bad);
-  agree_finite(bad, comm, size, a,
-               half == DType::F16 && a.average ? "inf or NaN, or a value beyond the float16 range even after the "
-                                                  "division by the number of ranks (use compression='bf16')"
-               : half == DType::F16 ? "inf or NaN, or a value beyond the float16 range (op='avg' divides by the "
-                                      "number of ranks first; compression='bf16' has float32's range)"
-                                    : "inf or NaN");
+  agree_finite(bad, comm, size, a, compressed_detail::half_input_problem(half, a.average));
   Buffer hb;
   hb.data = h;
   hb.count = n;
@@ -354,22 +365,34 @@ void hierarchical_compressed_allreduce(const CompressedArgs& a, const Topology& 
 }
 
 WorkPtr Engine::compressed_allreduce(const CompressedArgs& args, std::shared_ptr<void> keepalive, bool blocking) {
-  auto host = [](const Buffer& b) { return b.device == Device::CPU; };
-  if (!host(args.input) || !host(args.output))
-    throw CommError("compressed allreduce: this pycomm build handles host memory only");
+  // Everything on the input's device: a compressed allreduce never moves a
+  // tensor or its state to other memory behind the caller's back.
+  auto where = [](const Buffer& b) {
+    return b.device == Device::CPU ? std::string("the host") : "cuda:" + std::to_string(b.device_index);
+  };
+  auto same_device = [&](const Buffer& b) {
+    return b.device == args.input.device && (b.device == Device::CPU || b.device_index == args.input.device_index);
+  };
   if (args.input.dtype != DType::F32 || args.output.dtype != DType::F32 || args.input.count != args.output.count)
     throw CommError("compressed allreduce: input and output must be float32 buffers of the same size");
+  if (!same_device(args.output))
+    throw CommError("compressed allreduce of '" + args.name + "': the input is on " + where(args.input) +
+                    ", out on " + where(args.output) + "; pass out on the input's device");
   if (args.compression == Compression::ONEBIT) {
     const OneBitLayout L = onebit_layout(args.input.count, topo_.size);
-    if (args.worker_residual.dtype != DType::F32 || args.worker_residual.count != L.n || !host(args.worker_residual))
-      throw CommError("compressed allreduce: the worker residual must be a host float32 buffer of " +
-                      std::to_string(L.n) + " elements");
+    const std::string dev = where(args.input);
+    if (args.worker_residual.dtype != DType::F32 || args.worker_residual.count != L.n ||
+        !same_device(args.worker_residual))
+      throw CommError("compressed allreduce: the worker residual must be a float32 buffer of " +
+                      std::to_string(L.n) + " elements on " + dev + " (the tensor's device)");
     if (args.server_residual.dtype != DType::F32 || args.server_residual.count != L.chunk ||
-        !host(args.server_residual))
-      throw CommError("compressed allreduce: the server residual must be a host float32 buffer of " +
-                      std::to_string(L.chunk) + " elements at " + std::to_string(topo_.size) + " ranks");
-    if (args.mask.data && (args.mask.count != L.n || !host(args.mask)))
-      throw CommError("compressed allreduce: the mask must be a host buffer of " + std::to_string(L.n) + " bytes");
+        !same_device(args.server_residual))
+      throw CommError("compressed allreduce: the server residual must be a float32 buffer of " +
+                      std::to_string(L.chunk) + " elements at " + std::to_string(topo_.size) + " ranks on " + dev +
+                      " (the tensor's device)");
+    if (args.mask.data && (args.mask.count != L.n || !same_device(args.mask)))
+      throw CommError("compressed allreduce: the mask must be a buffer of " + std::to_string(L.n) + " bytes on " +
+                      dev + " (the tensor's device)");
   }
 
   // The agreement check compares the compression too: it leads the name
@@ -389,10 +412,25 @@ WorkPtr Engine::compressed_allreduce(const CompressedArgs& args, std::shared_ptr
 
   // Across nodes of equal size with several ranks each, only the cross-node
   // stage is compressed (hierarchical form); otherwise the flat form over all ranks.
+  // Device memory (and host memory forced onto a device path) takes the
+  // device form, whose kernels run on the tensor's memory.
   const bool across_nodes = topo_.num_nodes > 1 && homogeneous_ && topo_.local_size > 1;
   return submit_custom(sig, "allreduce " + tag + " " + args.name, std::move(keepalive), [this, args, across_nodes] {
     CompressedStats st;
-    if (across_nodes)
+    // force_staging / force_device_direct choose the path; else device memory goes direct when MPI can read it.
+    const bool device = args.input.device != Device::CPU;
+    const bool direct = active_.force_device_direct || (device && cuda_aware_ && !active_.force_staging);
+    if (direct && device && !cuda_aware_)
+      throw CommError("compressed allreduce of '" + args.name + "': force_device_direct hands device pointers to "
+                      "MPI, but this MPI cannot read device memory (not CUDA-aware; PYCOMM_CUDA_AWARE=1 if it is); "
+                      "unset force_device_direct to stage through host memory");
+    if (direct || device || active_.force_staging) {
+      DeviceOps& ops = device ? cuda_device_ops(args.input.device_index) : cpu_device_ops();
+      MemoryMover& mover = mover_for(args.input);
+      DeviceWire wire{mover,   direct, *staging_, active_.staging_chunk_bytes, active_.ring_chunk_bytes,
+                      this,    mover.cache_limit()};
+      device_compressed_allreduce(args, topo_.world, ops, wire, &st);
+    } else if (across_nodes)
       hierarchical_compressed_allreduce(args, topo_, shm(), active_.ring_chunk_bytes, &st);
     else if (args.compression == Compression::ONEBIT)
       onebit_compressed_allreduce(args, topo_.world, &st);

@@ -49,7 +49,7 @@ struct CompressedStats {
 };
 
 struct CompressedArgs {
-  Buffer input;   // float32, contiguous host memory
+  Buffer input;   // float32, contiguous; host or device memory (then every buffer here on that device)
   Buffer output;  // float32, same count; == input for in place
   Compression compression = Compression::FP16;
   bool average = true;  // op=avg; false: op=sum
@@ -104,6 +104,37 @@ void onebit_compressed_allreduce(const CompressedArgs& args, MPI_Comm comm, Comp
 class ShmWindow;
 void hierarchical_compressed_allreduce(const CompressedArgs& args, const Topology& topo, ShmWindow& shm,
                                        size_t ring_chunk_bytes, CompressedStats* stats);
+
+// The same on tensors in device memory (device_compressed_allreduce.cpp): the
+// flat form over `comm`, every kernel on the tensor's memory through `ops`,
+// only compressed bytes crossing MPI, bitwise the host form's result when
+// `ops` runs the CPU kernels (host stand-ins) and, for fp16/bf16 staged, the
+// half buffer fits one staging chunk (more chunks run one ring per chunk:
+// the same sums, added in another order on some elements). Jobs across
+// nodes run this flat form on device memory too (no host window to hold the
+// node's sum), compressing every byte that crosses the network.
+class MemoryMover;
+struct StagingBuffers;
+class DeviceOps;
+struct DeviceWire {
+  MemoryMover& mover;        // the tensor's memory: the ring's slots and reductions, copies to staging
+  bool direct;               // true: device pointers to MPI (CUDA-aware); false: through `staging`
+  StagingBuffers& staging;   // the engine's pinned host chunks
+  size_t staging_chunk_bytes;
+  size_t ring_chunk_bytes;
+  const void* owner;         // the engine (its workspace in `ops`)
+  size_t cache_limit;        // PYCOMM_DEVICE_CACHE_MB
+};
+void device_compressed_allreduce(const CompressedArgs& args, MPI_Comm comm, DeviceOps& ops, const DeviceWire& wire,
+                                 CompressedStats* stats);
+
+namespace compressed_detail {  // shared by the host and device forms (compressed_allreduce.cpp)
+// Every rank learns which ranks flagged bad input; all throw the same CommError if any did.
+void agree_finite(int bad, MPI_Comm comm, int size, const CompressedArgs& a, const char* detail);
+[[noreturn]] void throw_fp16_overflow(const CompressedArgs& a);
+// What a flagged input of a half cast means, for agree_finite.
+const char* half_input_problem(DType half, bool average);
+}  // namespace compressed_detail
 
 }  // namespace comm
 }  // namespace pycomm

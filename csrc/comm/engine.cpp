@@ -9,6 +9,7 @@
 #include "../kernels/fusion.h"
 #include "../kernels/reduce.h"
 #include "algorithms.h"
+#include "device_ops.h"
 #include "mpi_types.h"
 #include "shm_window.h"
 #include "staging.h"
@@ -349,6 +350,9 @@ size_t Engine::execute(std::vector<Op*>& batch) {
     };
     count_mover(host_mover_.get());
     for (const auto& m : cuda_movers_) count_mover(m.get());
+    const WorkspaceStats ws = device_ops_workspace_stats();  // the compressed allreduce's device workspaces
+    stats_.device_cache_bytes += ws.bytes;
+    stats_.device_cache_allocations += ws.allocations;
     // Described only when a stall report asks (status()): describe() formats through a stream.
     last_sig_ = batch.front()->sig;
     last_count_ = count;

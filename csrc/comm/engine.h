@@ -174,7 +174,8 @@ class Engine {
     uint64_t fusion_buffer_bytes = 0;  // the host fusion buffer (paths without a shared window)
     uint64_t staging_bytes = 0;        // the two staging chunks (device data, or forced staging)
     // Working memory the movers keep for device-direct algorithms (host stand-in included), and how
-    // many blocks they have allocated for it (MemoryMover::working_memory).
+    // many blocks they have allocated for it (MemoryMover::working_memory), with the compressed
+    // allreduce's device workspaces (DeviceOps::workspace, process-wide).
     uint64_t device_cache_bytes = 0;
     uint64_t device_cache_allocations = 0;
     // The movers' cached device fusion buffers (device tensors and the host stand-ins), and how many

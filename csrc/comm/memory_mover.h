@@ -78,6 +78,7 @@ class MemoryMover {
   size_t fusion_bytes() const { return fusion_.bytes; }
   uint64_t fusion_allocations() const { return fusion_.allocations; }  // blocks allocated by fusion_memory()
   void set_cache_limit(size_t bytes) { cache_limit_ = bytes; }
+  size_t cache_limit() const { return cache_limit_; }
 
  protected:
   // Derived destructors call this (free_device is theirs).

@@ -228,8 +228,8 @@ def test_compression_says_which_dtypes_it_leaves_exact():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_buckets_are_compressed_like_cpu_buckets():
-    """A CUDA bucket goes through the same compressed allreduce (via a host copy): onebit gives the
-    CPU model's gradients bitwise, step after step (the residuals carry over)."""
+    """A CUDA bucket is compressed on its device (the CUDA kernels, the device paths): onebit gives the
+    CPU model's gradients up to the GPU's rounding, step after step (the residuals carry over)."""
     grads = {}
     for device in ("cpu", "cuda"):
         model = make_model().to(device)
