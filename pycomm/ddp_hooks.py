@@ -243,8 +243,8 @@ def _run(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
     if bucket.is_last():
         state.iteration += 1
     cuda = buf.device.type == "cuda"
-    # Only a compressed CUDA bucket goes through the host (the compressors take host tensors).
-    host = buf.detach().to("cpu") if cuda and compress else buf
+    # CUDA buckets stay on the device: the engine and the compressors take device memory.
+    host = buf
     if compress:
         if isinstance(state.compressor, OneBit):
             layout = _layout(bucket)

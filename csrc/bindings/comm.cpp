@@ -232,10 +232,13 @@ at::Tensor allreduce_blocking(const at::Tensor& tensor, const std::string& op, b
   a.average = average;
   a.algorithm = parse_algorithm(algorithm);
   a.name = name;
-  sync_producer(tensor);
+  SubmitScope submit;
+  // Device memory and the device stand-ins need keep()'s ready event; a plain host tensor needs nothing.
+  std::shared_ptr<void> kept;
+  if (tensor.is_cuda() || engine().device_standin()) kept = keep({tensor}, engine());
   {
     py::gil_scoped_release release;
-    engine().allreduce(a, nullptr, true)->wait();
+    engine().allreduce(a, kept, true)->wait();
   }
   return tensor;
 }
