@@ -76,7 +76,7 @@ staged_rc=${PIPESTATUS[0]}
 
 # The device-path test files (tests/parallel), at 2 ranks on the one GPU: on a GPU machine they run on
 # real CUDA tensors (the host stand-ins are what CPU CI runs).
-DEVICE_TESTS="${DEVICE_TESTS:-test_staging or test_optimizer}"
+DEVICE_TESTS="${DEVICE_TESTS:-test_staging or test_optimizer or test_device_stream or test_device_compression}"
 stamp "device-path tests at 2 ranks: $DEVICE_TESTS"
 PYCOMM_TEST_WORLD_SIZES=2 timeout 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_parallel.py \
   -k "$DEVICE_TESTS" -rs 2>&1 | tee "$RES/device_tests.txt" | tail -n 25
