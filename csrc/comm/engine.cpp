@@ -273,12 +273,14 @@ void Engine::loop() {
     flush_ = false;
     std::vector<Op*> batch;
     take_batch(&batch);
+    running_ = batch.size();
     lock.unlock();
 
     size_t ran = execute(batch);
 
     lock.lock();
     for (size_t i = 0; i < ran; ++i) queue_.pop_front();
+    running_ = 0;
     busy_ = false;
     lock.unlock();
     cv_.notify_all();
@@ -642,7 +644,9 @@ WorkPtr Engine::allgather(const Buffer& send, size_t rows, std::vector<int64_t> 
 void Engine::flush() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (queue_.empty()) return;  // nothing held back
+    // Nothing held back: the queue holds only the batch being executed. A flag set then would
+    // outlive it and cut the next batch's fusion cycle short (its head would leave alone).
+    if (queue_.size() <= running_) return;
     flush_ = true;
   }
   cv_.notify_all();

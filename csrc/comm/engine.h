@@ -259,6 +259,7 @@ class Engine {
   bool stopping_ = false;
   bool busy_ = false;  // an operation is running (on the worker or inline on a caller)
   bool flush_ = false;  // flush(): skip the rest of the fusion cycle
+  size_t running_ = 0;  // ops at the queue's head that the worker is executing (they are not "held back")
   Stats stats_;
   std::string last_op_ = "none yet";  // for stall reports; empty: last_sig_ (and last_count_ - 1 fused)
   Signature last_sig_;

@@ -50,6 +50,14 @@ def _host_options():
     return dict(force_staging=False, force_device_direct=False)
 
 
+def _all_submitted():
+    """Handle.wait() ends the fusion cycle; every rank queues its whole batch first, so the batch the
+    ranks agree on does not depend on which rank waits first."""
+    from mpi4py import MPI
+
+    MPI.COMM_WORLD.Barrier()
+
+
 def _delta(before, after, key):
     return after[key] - before[key]
 
@@ -144,6 +152,7 @@ def _fused_run(dev, dtype, op, seed, algorithm):
     xs = [rank_data(rank, n, dtype, seed=seed + i).to(dev) for i, n in enumerate(MIXED)]
     before = pycomm.stats()
     hs = [pycomm.allreduce_async(x, op=op, algorithm=algorithm, name=f"mix.{i}") for i, x in enumerate(xs)]
+    _all_submitted()
     ys = [h.wait().cpu() for h in hs]
     after = pycomm.stats()
     return ys, before, after
@@ -190,6 +199,7 @@ def test_fusion_threshold_and_the_cached_buffer(mode):
     before = pycomm.stats()
     hs = [pycomm.allreduce_async(rank_data(rank, n, torch.float32, seed=500 + i).to(dev), name=f"th.{i}")
           for i, n in enumerate(counts)]
+    _all_submitted()
     for i, h in enumerate(hs):
         assert_close(h.wait().cpu(), "sum", size, torch.float32, seed=500 + i, what=f"{mode} th.{i}")
     after = pycomm.stats()
@@ -204,6 +214,7 @@ def test_fusion_threshold_and_the_cached_buffer(mode):
         pycomm.set_options(fusion_threshold_bytes=(1 << k) * 1024)  # the batch leaves once both are queued
         xs = [torch.full((n,), float(rank + j), device=dev) for j in range(2)]
         hs = [pycomm.allreduce_async(x, name=f"grow.{j}") for j, x in enumerate(xs)]
+        _all_submitted()
         for j, h in enumerate(hs):
             assert torch.equal(h.wait().cpu(), torch.full((n,), float(sum(range(size)) + size * j)))
     after = pycomm.stats()
