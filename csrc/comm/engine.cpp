@@ -543,18 +543,25 @@ void Engine::run_fused(const std::vector<Op*>& ops) {
   // One pack in batch order (the same on every rank), one allreduce, one
   // unpack with the average's 1/N fused in (fp16/bf16 are pre-divided instead).
   kernels::fusion_pack_cpu(srcs.data(), counts.data(), counts.size(), fusion_buffer_.data(), dtype);
-  AllreduceArgs fused = head;
-  fused.input.data = fused.output.data = fusion_buffer_.data();
-  fused.input.count = fused.output.count = total;
   double unpack_scale = 1.0;
-  if (head.average && !half) {
-    fused.average = false;
-    unpack_scale = 1.0 / static_cast<double>(topo_.size);
-  }
+  AllreduceArgs fused = fused_args(head, fusion_buffer_.data(), total, &unpack_scale);
   phase.next(nullptr);
   run_allreduce(fused);
   phase.next("UNPACK");
   kernels::fusion_unpack_cpu(fusion_buffer_.data(), dsts.data(), counts.data(), counts.size(), dtype, unpack_scale);
+}
+
+AllreduceArgs Engine::fused_args(const AllreduceArgs& head, void* flat, size_t total, double* unpack_scale) const {
+  const bool half = head.input.dtype == DType::F16 || head.input.dtype == DType::BF16;
+  AllreduceArgs fused = head;
+  fused.input.data = fused.output.data = flat;
+  fused.input.count = fused.output.count = total;
+  *unpack_scale = 1.0;
+  if (head.average && !half) {
+    fused.average = false;
+    *unpack_scale = 1.0 / static_cast<double>(topo_.size);
+  }
+  return fused;
 }
 
 // ---------------------------------------------------------------- public operations

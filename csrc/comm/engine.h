@@ -227,6 +227,10 @@ class Engine {
   // fusion buffer, and the stream order around a batch.
   bool device_fusion(const AllreduceArgs& head) const;
   void run_device_fused(const std::vector<Op*>& ops);
+  // The one allreduce of a fused batch over `total` elements at `flat`: an average of float32/64
+  // is summed and its 1/N returned in *unpack_scale, to fuse into the unpack (fp16/bf16 keep the
+  // pre-division of the allreduce itself, since their sums overflow).
+  AllreduceArgs fused_args(const AllreduceArgs& head, void* flat, size_t total, double* unpack_scale) const;
   void await_ready(const std::vector<Op*>& batch, size_t count);
   void record_done(const std::vector<Op*>& batch, size_t count);
   MemoryMover& mover_of_event(const DeviceEvent& e);

@@ -41,19 +41,12 @@ void Engine::run_device_fused(const std::vector<Op*>& ops) {
     counts.push_back(op->allreduce.input.count);
     total += op->allreduce.input.count;
   }
-  const bool half = dtype == DType::F16 || dtype == DType::BF16;
   MemoryMover& mover = mover_for(head.input);
   MemoryMover::Lease flat = mover.fusion_memory(total * kernels::dtype_size(dtype));
   timeline::Phase phase("DEVICE_PACK");
   mover.pack(srcs.data(), counts.data(), counts.size(), flat.get(), dtype);
-  AllreduceArgs fused = head;
-  fused.input.data = fused.output.data = flat.get();
-  fused.input.count = fused.output.count = total;
   double unpack_scale = 1.0;
-  if (head.average && !half) {
-    fused.average = false;
-    unpack_scale = 1.0 / static_cast<double>(topo_.size);
-  }
+  AllreduceArgs fused = fused_args(head, flat.get(), total, &unpack_scale);
   phase.next(nullptr);
   run_allreduce(fused);
   phase.next("DEVICE_UNPACK");
