@@ -3,11 +3,13 @@ fused against one call per tensor and against ONE allreduce of the same total by
 
     pycomm-run -np 2 python bench/fusion.py [--reps 7] [--models resnet50,small] [--json out.json]
 
-Both modes submit every gradient asynchronously in backward order (last
-layer first) and then wait for all, as DistributedOptimizer does. "fused"
-uses the engine's tensor fusion (PYCOMM_FUSION_THRESHOLD, PYCOMM_CYCLE_TIME_MS);
-"per tensor" sets the threshold to 0 so each tensor is its own allreduce.
-Times are medians over repetitions of the slowest rank.
+"fused" and "per tensor" submit every gradient asynchronously in backward
+order (last layer first) and then wait for all, as DistributedOptimizer does.
+"fused" uses the engine's tensor fusion (PYCOMM_FUSION_THRESHOLD,
+PYCOMM_CYCLE_TIME_MS); "per tensor" sets the threshold to 0 so each tensor is
+its own allreduce. "grouped" submits the same list in one call,
+pycomm.grouped_allreduce (Horovod's grouped_allreduce), and fuses as "fused"
+does. Times are medians over repetitions of the slowest rank.
 """
 from __future__ import annotations
 
@@ -43,6 +45,11 @@ def one_step(grads):
         h.wait()
 
 
+def grouped_step(grads):
+    """The same gradients, in the same order, in one submission."""
+    pycomm.grouped_allreduce(grads[::-1], op="avg", name="grad")
+
+
 def small_shapes(n=400, seed=0):
     """A latency-bound model: `n` tensors of 1-4 KiB (256-1024 float32), like a transformer's biases and norms."""
     import random
@@ -56,9 +63,12 @@ def run_model(label, shapes, comm, reps, default_threshold):
     nparams = sum(g.numel() for g in grads)
     flat = torch.randn(nparams)
     results = {}
-    for mode, threshold in (("fused", default_threshold), ("per tensor", 0), ("one allreduce", default_threshold)):
+    steps = {"fused": lambda: one_step(grads), "per tensor": lambda: one_step(grads),
+             "grouped": lambda: grouped_step(grads), "one allreduce": lambda: pycomm.allreduce(flat, op="avg")}
+    for mode, threshold in (("fused", default_threshold), ("per tensor", 0), ("grouped", default_threshold),
+                            ("one allreduce", default_threshold)):
         pycomm.set_options(fusion_threshold_bytes=threshold)
-        fn = (lambda: pycomm.allreduce(flat, op="avg")) if mode == "one allreduce" else (lambda: one_step(grads))
+        fn = steps[mode]
         fn()  # warm-up (window and buffer allocation)
         before = pycomm.stats()
         t = median_time(fn, comm, reps, warmup=0)
@@ -95,6 +105,10 @@ def run_model(label, shapes, comm, reps, default_threshold):
               f"and {bound:.2f}x the time of one allreduce of the same total bytes; submitting the "
               f"{len(shapes)} calls alone takes {results['submit only']['time_ms'] / results['fused']['time_ms']:.2f}x "
               f"of the fused step ({results['submit only']['time_ms'] * 1e3 / len(shapes):.1f} us a call)")
+        grouped = results["grouped"]["time_ms"]
+        print(f"# grouped (one call) is {results['per tensor']['time_ms'] / grouped:.2f}x faster than one allreduce "
+              f"per tensor, {results['fused']['time_ms'] / grouped:.2f}x faster than fused one call per tensor, and "
+              f"{grouped / results['one allreduce']['time_ms']:.2f}x the time of one allreduce of the same bytes")
     return dict(label=label, tensors=len(shapes), parameters=nparams, results=results)
 
 

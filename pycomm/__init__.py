@@ -23,6 +23,7 @@ from .collectives import (
     resolve_algorithm,
 )
 from .collectives import alltoall, alltoall_async, reduce_scatter, reduce_scatter_async
+from .collectives import GroupHandle, HandleList, grouped_allreduce, grouped_allreduce_async
 from .groups import ProcessGroup, destroy_group, new_group
 from .join import join
 from .timeline import start_timeline, stop_timeline, timeline_path
@@ -67,5 +68,6 @@ __all__ = [
     "resolve_algorithm", "set_options", "shutdown", "size", "stats", "topology", "world_comm",
 ]
 __all__ += ["join", "start_timeline", "stop_timeline", "timeline_path"]
+__all__ += ["GroupHandle", "HandleList", "grouped_allreduce", "grouped_allreduce_async"]
 __all__ += ["ProcessGroup", "alltoall", "alltoall_async", "destroy_group", "new_group", "reduce_scatter",
             "reduce_scatter_async"]

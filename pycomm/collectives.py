@@ -22,6 +22,7 @@ from .runtime import _state, topology
 from .timeline import _profiler_enabled, profiled
 
 Handle = _C.Handle
+GroupHandle = _C.GroupHandle
 
 COMPRESSIONS = ("none", "fp16", "bf16", "onebit")  # pycomm/compression.py; more via compression.register()
 
@@ -97,6 +98,89 @@ def allreduce(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
             and tensor.is_cpu and tensor.is_contiguous() and not _profiler_enabled()):
         return _C.allreduce_blocking(tensor, "sum" if op == "avg" else op, op == "avg", algorithm, name or "")
     return _allreduce(tensor, op, algorithm, out, name, compression, group)
+
+
+class HandleList:
+    """Handles of a grouped allreduce taken one tensor at a time (compressed groups): the interface of
+    GroupHandle (wait() and synchronize() return the list of results)."""
+
+    def __init__(self, handles):
+        self._handles = list(handles)
+
+    def _finish(self, how: str) -> list:
+        results, first = [], None
+        for h in self._handles:  # every handle is waited for before an error is raised, as GroupHandle does
+            try:
+                results.append(getattr(h, how)() if hasattr(h, how) else h.wait())
+            except Exception as e:  # noqa: BLE001 (re-raised below)
+                first = first or e
+        if first is not None:
+            raise first
+        return results
+
+    def wait(self) -> list:
+        return self._finish("wait")
+
+    def synchronize(self) -> list:
+        return self._finish("synchronize")
+
+    def done(self) -> bool:
+        return all(h.done() for h in self._handles)
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], op: str = "sum", algorithm: str = "auto",
+                            outs: Optional[Sequence[torch.Tensor]] = None, name: Optional[str] = None,
+                            compression: Union[str, Compressor] = "none",
+                            group: Optional[ProcessGroup] = None, _blocking: bool = False):
+    """Start the allreduces of every tensor of `tensors` in one call; ``wait()`` returns the list of results.
+
+    The tensors go to the engine in one submission, in list order, instead of one Python call each,
+    and fuse as consecutive allreduces do (same dtype, op and device, up to PYCOMM_FUSION_THRESHOLD
+    bytes and 1024 tensors a batch): many small tensors cost about one allreduce of their total
+    (bench/fusion.py). Horovod's ``hvd.grouped_allreduce``. op, algorithm, compression and group
+    apply to every tensor, as in allreduce_async; outs: one result tensor per input (None: in place);
+    name: tensor i is named ``f"{name}.{i}"`` (compression="onebit" needs a name). Every rank must
+    pass the same list (length, dtypes, shapes), as for single allreduces.
+    """
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"pycomm.grouped_allreduce: expected a list or tuple of tensors, got {type(tensors).__name__}")
+    if outs is not None and (not isinstance(outs, (list, tuple)) or len(outs) != len(tensors)):
+        raise ValueError(f"pycomm.grouped_allreduce: outs must be a list of {len(tensors)} tensors, one per input")
+    names = [f"{name}.{i}" for i in range(len(tensors))] if name else []
+    if not (isinstance(compression, str) and compression == "none"):
+        return HandleList(allreduce_async(t, op=op, algorithm=algorithm, out=None if outs is None else outs[i],
+                                          name=names[i] if names else None, compression=compression, group=group,
+                                          _blocking=_blocking) for i, t in enumerate(tensors))
+    topology()
+    gid = group_id(group, "grouped_allreduce")
+    # The common group (CPU tensors, ops and dtypes allreduce accepts) is checked with set lookups;
+    # anything else is checked tensor by tensor with allreduce's messages, naming the tensor.
+    fast = (outs is None and op.__class__ is str and algorithm.__class__ is str and algorithm in _ALGORITHMS
+            and all(type(t) is torch.Tensor and (op, t.dtype) in _VALID_OP_DTYPES and t.is_cpu and t.is_contiguous()
+                    for t in tensors))
+    if not fast:
+        outs = [_ops.check_allreduce(t, op, algorithm, None if outs is None else outs[i],
+                                     names[i] if names else f"tensors[{i}]") for i, t in enumerate(tensors)]
+    reduce_op = "sum" if op == "avg" else op
+    handle = _C.grouped_allreduce_async(list(tensors), list(tensors) if outs is None else list(outs), reduce_op,
+                                        op == "avg", algorithm, names, _blocking, gid)
+    if not _blocking and not name and len(tensors) > 1:
+        _ops.note_unnamed(handle, stacklevel=3)
+    return handle
+
+
+@profiled("pycomm.grouped_allreduce")
+def grouped_allreduce(tensors: Sequence[torch.Tensor], op: str = "sum", algorithm: str = "auto",
+                      outs: Optional[Sequence[torch.Tensor]] = None, name: Optional[str] = None,
+                      compression: Union[str, Compressor] = "none",
+                      group: Optional[ProcessGroup] = None) -> list:
+    """Reduce every tensor of `tensors` over all ranks in one submission; returns the list of results.
+    See grouped_allreduce_async."""
+    return grouped_allreduce_async(tensors, op=op, algorithm=algorithm, outs=outs, name=name, compression=compression,
+                                   group=group, _blocking=True).wait()
 
 
 def broadcast_async(tensor: torch.Tensor, root: int = 0, name: Optional[str] = None,

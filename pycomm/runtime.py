@@ -300,6 +300,9 @@ def cross_comm():
 OPTIONS = {
     "ring_chunk_bytes": ("PYCOMM_RING_CHUNK_BYTES", int, 1 << 19,
                          "pipeline chunk of the ring allreduce"),
+    "shm_chunk_bytes": ("PYCOMM_SHM_CHUNK_BYTES", int, 768 << 10,
+                        "shm allreduces above this run chunk by chunk through a window of two chunks, which "
+                        "stays in cache (0: the whole message in one pass through a window of its size)"),
     "auto_ring_min_bytes": ("PYCOMM_AUTO_RING_MIN_BYTES", int, 1 << 16,
                             "below this, algorithm='auto' uses MPI's Allreduce (jobs of several nodes or one rank; "
                             "on one node of several ranks auto uses shm at every size)"),

@@ -3,6 +3,7 @@
 #include <memory>
 #include <mutex>
 
+#include "../comm/algorithms.h"
 #include "../comm/device_event.h"
 #include "../comm/engine.h"
 #include "../comm/memory_mover.h"
@@ -56,6 +57,7 @@ comm::Algorithm parse_algorithm(const std::string& a) {
 
 comm::EngineOptions options_from(const py::dict& d, comm::EngineOptions o) {
   if (d.contains("ring_chunk_bytes")) o.ring_chunk_bytes = d["ring_chunk_bytes"].cast<size_t>();
+  if (d.contains("shm_chunk_bytes")) o.shm_chunk_bytes = d["shm_chunk_bytes"].cast<size_t>();
   if (d.contains("auto_ring_min_bytes")) o.auto_ring_min_bytes = d["auto_ring_min_bytes"].cast<size_t>();
   if (d.contains("check_consistency")) o.check_consistency = d["check_consistency"].cast<bool>();
   if (d.contains("fusion_threshold_bytes")) o.fusion_threshold_bytes = d["fusion_threshold_bytes"].cast<size_t>();
@@ -80,6 +82,7 @@ comm::EngineOptions options_from(const py::dict& d, comm::EngineOptions o) {
 py::dict options_to(const comm::EngineOptions& o) {
   py::dict d;
   d["ring_chunk_bytes"] = o.ring_chunk_bytes;
+  d["shm_chunk_bytes"] = o.shm_chunk_bytes;
   d["auto_ring_min_bytes"] = o.auto_ring_min_bytes;
   d["check_consistency"] = o.check_consistency;
   d["fusion_threshold_bytes"] = o.fusion_threshold_bytes;
@@ -219,6 +222,102 @@ std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tenso
     work = engine_of(group).allreduce(a, keep({input, output}, engine_of(group)), blocking);
   }
   return std::make_shared<Handle>(work, output, group);
+}
+
+// pycomm.grouped_allreduce: the allreduces of a list of tensors in one submission.
+class GroupHandle {
+ public:
+  GroupHandle(std::vector<comm::WorkPtr> works, std::vector<at::Tensor> results, int64_t group)
+      : works_(std::move(works)), results_(std::move(results)), group_(group) {}
+
+  // Every allreduce of the group has finished (the first error, if any, is raised after all have);
+  // CUDA results are ordered on the current stream as Handle.wait() orders them.
+  py::list wait() {
+    finish(false);
+    return results();
+  }
+  py::list synchronize() {
+    finish(true);
+    return results();
+  }
+  bool done() const {
+    return std::all_of(works_.begin(), works_.end(), [](const comm::WorkPtr& w) { return w->done(); });
+  }
+  size_t size() const { return works_.size(); }
+
+ private:
+  void finish(bool block_host) {
+    py::gil_scoped_release release;
+    std::exception_ptr first;
+    for (const comm::WorkPtr& w : works_) {
+      // A group above the fusion limits runs in several batches: each is flushed as the caller reaches it.
+      if (!w->done()) {
+        try {
+          engine_of(group_).flush();
+        } catch (const comm::CommError&) {  // the engine is gone: wait() reports the operation's own error
+        }
+      }
+      try {
+        w->wait();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+        continue;
+      }
+      if (comm::EventPtr e = w->done_event()) {
+        if (block_host) e->synchronize();
+        else e->order_stream(current_stream(e->device()));
+      }
+    }
+    if (first) std::rethrow_exception(first);
+  }
+  py::list results() const {
+    py::list out;
+    for (const at::Tensor& t : results_) out.append(t);
+    return out;
+  }
+
+  std::vector<comm::WorkPtr> works_;
+  std::vector<at::Tensor> results_;
+  int64_t group_ = 0;
+};
+
+// `names` empty: every tensor unnamed; else one name per tensor. The checks of collectives.py come first.
+std::shared_ptr<GroupHandle> grouped_allreduce_async(const std::vector<at::Tensor>& inputs,
+                                                     const std::vector<at::Tensor>& outputs, const std::string& op,
+                                                     bool average, const std::string& algorithm,
+                                                     const std::vector<std::string>& names, bool blocking,
+                                                     int64_t group) {
+  if (outputs.size() != inputs.size())
+    throw py::value_error("grouped_allreduce: give one output per input (" + std::to_string(inputs.size()) + ")");
+  if (!names.empty() && names.size() != inputs.size())
+    throw py::value_error("grouped_allreduce: give one name per tensor (" + std::to_string(inputs.size()) + ")");
+  SubmitScope submit;
+  const comm::ReduceOp reduce = parse_op(op);
+  const comm::Algorithm algo = parse_algorithm(algorithm);
+  std::vector<comm::AllreduceArgs> args(inputs.size());
+  std::vector<at::Tensor> kept;
+  kept.reserve(2 * inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    comm::AllreduceArgs& a = args[i];
+    a.input = to_buffer(inputs[i], "grouped_allreduce");
+    a.output = to_buffer(outputs[i], "grouped_allreduce out");
+    if (a.input.count != a.output.count || a.input.dtype != a.output.dtype)
+      throw py::value_error("grouped_allreduce: out[" + std::to_string(i) + "] must have the input's shape and dtype");
+    a.op = reduce;
+    a.average = average;
+    a.algorithm = algo;
+    if (!names.empty()) a.name = names[i];
+    kept.push_back(inputs[i]);
+    if (!outputs[i].is_same(inputs[i])) kept.push_back(outputs[i]);
+  }
+  comm::Engine& e = engine_of(group);
+  std::shared_ptr<void> keepalive = keep(std::move(kept), e);  // one ready event for the group
+  std::vector<comm::WorkPtr> works;
+  {
+    py::gil_scoped_release release;
+    works = e.allreduce_group(args, std::move(keepalive), blocking);
+  }
+  return std::make_shared<GroupHandle>(std::move(works), outputs, group);
 }
 
 // pycomm.allreduce's fast path (collectives.py, after its checks): a blocking
@@ -424,6 +523,20 @@ void register_comm(py::module_& m) {
         return "<pycomm.Handle " + h.description() + (h.done() ? " done>" : " pending>");
       });
 
+  py::class_<GroupHandle, std::shared_ptr<GroupHandle>>(m, "GroupHandle",
+                                                         "The allreduces of a grouped_allreduce in flight.")
+      .def("wait", &GroupHandle::wait,
+           "Wait until every allreduce of the group has finished (GIL released) and return the list of results; "
+           "CUDA results are ordered on the current stream as Handle.wait() orders them.")
+      .def("synchronize", &GroupHandle::synchronize,
+           "wait(), then block the host until pycomm's device work on the results has finished.")
+      .def("done", &GroupHandle::done, "True once every allreduce of the group has finished.")
+      .def("__len__", &GroupHandle::size)
+      .def("__repr__", [](const GroupHandle& h) {
+        return "<pycomm.GroupHandle of " + std::to_string(h.size()) + " allreduces" +
+               (h.done() ? " done>" : " pending>");
+      });
+
   m.def(
       "engine_start",
       [](int64_t world, int64_t local, int64_t cross, int64_t control, int rank, int size, int local_rank,
@@ -488,6 +601,11 @@ void register_comm(py::module_& m) {
 
   m.def("allreduce_async", &allreduce_async, py::arg("input"), py::arg("output"), py::arg("op"), py::arg("average"),
         py::arg("algorithm"), py::arg("name") = "", py::arg("blocking") = false, py::arg("group") = 0);
+  m.def("shm_pipeline_min_bytes", &comm::shm_pipeline_min_bytes, py::arg("local_size"), py::arg("chunk_bytes"),
+        "The smallest message the shm allreduce runs chunk by chunk on a node of `local_size` ranks.");
+  m.def("grouped_allreduce_async", &grouped_allreduce_async, py::arg("inputs"), py::arg("outputs"), py::arg("op"),
+        py::arg("average"), py::arg("algorithm"), py::arg("names"), py::arg("blocking") = false,
+        py::arg("group") = 0);
   m.def("allreduce_blocking", &allreduce_blocking, py::arg("tensor"), py::arg("op"), py::arg("average"),
         py::arg("algorithm"), py::arg("name"));
   m.def("broadcast_async", &broadcast_async, py::arg("tensor"), py::arg("root"), py::arg("name") = "",

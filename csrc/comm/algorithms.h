@@ -110,8 +110,26 @@ void windowed_fused_allreduce(const FusedTensors& tensors, ReduceOp op, bool pre
 // L reduced slices out (read S, write S); three node barriers. Up to
 // kShmOneFenceBytes: one barrier, each rank reducing the whole message
 // (write S, read L S, reduce (L-1) S).
+//
+// Above `chunk_bytes` (and chunk_bytes > 0) the same three steps run chunk by
+// chunk through two halves of a 2 x chunk_bytes window, so the window stays
+// in the last-level cache and only the tensor itself travels to and from
+// DRAM: per chunk, copy it in, fence, reduce this rank's 1/L slice of it,
+// fence, copy the chunk's L slices out. Copying chunk c out and chunk c+1 in
+// are one phase: chunk c+2 reuses chunk c's half only after the fence that
+// follows chunk c+1's copy-in, which every rank reaches after its copy-out
+// of chunk c. 2 ceil(S / chunk_bytes) + 1 barriers; DRAM traffic per rank
+// about 3 S (read the tensor, write it back) instead of about 5.5 S for a
+// window the size of the message. The chunk size must be the same on every
+// rank (an engine option, agreed like the others). Chunked only where the
+// one-pass form's working set, L tensors and L segments of S, exceeds the
+// last-level cache: below that the one pass runs from cache and its fewer
+// barriers win (bench/shm_chunk.py).
 constexpr size_t kShmOneFenceBytes = size_t(32) << 10;
-void shm_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm);
+void shm_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, size_t chunk_bytes = 0);
+// The smallest message shm_allreduce runs chunk by chunk on a node of `local_size` ranks:
+// above chunk_bytes and above last-level cache / (2 local_size). The same on every rank of a node.
+size_t shm_pipeline_min_bytes(int local_size, size_t chunk_bytes);
 
 // Hierarchical allreduce over M nodes x L ranks (Horovod's form): intra-node
 // reduce-scatter through shared memory, then L concurrent inter-node

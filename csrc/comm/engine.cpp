@@ -132,7 +132,7 @@ namespace {
 // A fingerprint of every option the ranks must share, for the agreement round.
 uint64_t options_hash(const EngineOptions& o) {
   std::ostringstream s;
-  s << o.ring_chunk_bytes << ',' << o.auto_ring_min_bytes << ',' << o.check_consistency << ','
+  s << o.ring_chunk_bytes << ',' << o.shm_chunk_bytes << ',' << o.auto_ring_min_bytes << ',' << o.check_consistency << ','
     << o.fusion_threshold_bytes << ',' << o.cycle_time_ms << ',' << o.staging_chunk_bytes << ',' << o.force_staging
     << ',' << o.force_device_direct;
   for (const auto& e : o.auto_table) s << ';' << e.first << ':' << static_cast<int>(e.second);
@@ -493,7 +493,7 @@ void Engine::run_host_allreduce(const AllreduceArgs& a) {
   switch (algo) {
     case Algorithm::RING: ring_allreduce(out, a.op, topo_.world, active_.ring_chunk_bytes); break;
     case Algorithm::MPI: mpi_allreduce(out, a.op, topo_.world); break;
-    case Algorithm::SHM: shm_allreduce(out, a.op, shm()); break;
+    case Algorithm::SHM: shm_allreduce(out, a.op, shm(), active_.shm_chunk_bytes); break;
     case Algorithm::HIERARCHICAL:
       hierarchical_allreduce(out, a.op, shm(), topo_.cross, true, active_.ring_chunk_bytes);
       break;
@@ -572,7 +572,7 @@ std::vector<int64_t> flat_shape(const Buffer& b) { return {static_cast<int64_t>(
 
 }  // namespace
 
-WorkPtr Engine::allreduce(const AllreduceArgs& args, std::shared_ptr<void> keepalive, bool blocking) {
+Engine::Op Engine::allreduce_op(const AllreduceArgs& args, std::shared_ptr<void> keepalive) {
   if (args.input.device != args.output.device || args.input.device_index != args.output.device_index)
     throw CommError("allreduce: input and out must be on the same device");
   Op op;
@@ -585,7 +585,64 @@ WorkPtr Engine::allreduce(const AllreduceArgs& args, std::shared_ptr<void> keepa
   op.allreduce = args;
   // A device allreduce while ranks have joined runs alone (engine_join.cpp).
   if (args.input.device != Device::CPU) op.body = [this, args] { run_allreduce(args); };
-  return enqueue(std::move(op), blocking);
+  return op;
+}
+
+WorkPtr Engine::allreduce(const AllreduceArgs& args, std::shared_ptr<void> keepalive, bool blocking) {
+  return enqueue(allreduce_op(args, std::move(keepalive)), blocking);
+}
+
+std::vector<WorkPtr> Engine::allreduce_group(const std::vector<AllreduceArgs>& args, std::shared_ptr<void> keepalive,
+                                             bool blocking) {
+  std::vector<Op> ops;
+  ops.reserve(args.size());
+  for (const AllreduceArgs& a : args) ops.push_back(allreduce_op(a, keepalive));
+  std::vector<WorkPtr> works;
+  works.reserve(ops.size());
+  const auto now = std::chrono::steady_clock::now();
+  EventPtr ready = take_submit_event();  // one producer event for the whole group (device_event.h)
+  for (Op& op : ops) {
+    op.submitted = now;
+    op.work->ready = ready;
+    works.push_back(op.work);
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stopping_) throw CommError("pycomm engine is shutting down");
+  if (blocking && queue_.empty() && !busy_ && !ops.empty()) {
+    // An idle engine runs the group on the caller's thread, as a blocking allreduce runs inline:
+    // no hand-off to the worker, whose wake-up on a loaded machine can cost a scheduler time slice.
+    // Batches follow loop()'s rule: the head, then compatible allreduces within the threshold.
+    busy_ = true;
+    active_ = options_;
+    lock.unlock();
+    const bool fusion = active_.fusion_threshold_bytes > 0 && active_.cycle_time_ms > 0;
+    size_t first = 0;
+    while (first < ops.size()) {
+      std::vector<Op*> batch{&ops[first]};
+      size_t bytes = ops[first].allreduce.input.bytes();
+      if (fusion && bytes <= active_.fusion_threshold_bytes) {
+        for (size_t i = first + 1; i < ops.size() && batch.size() < kMaxFusedOps; ++i) {
+          if (!compatible(ops[first], ops[i]) || bytes + ops[i].allreduce.input.bytes() > active_.fusion_threshold_bytes)
+            break;
+          bytes += ops[i].allreduce.input.bytes();
+          batch.push_back(&ops[i]);
+        }
+      }
+      first += execute(batch);
+    }
+    lock.lock();
+    busy_ = false;
+    const bool wake = !queue_.empty() || stopping_;
+    lock.unlock();
+    if (wake) cv_.notify_all();
+    return works;
+  }
+  for (Op& op : ops) queue_.push_back(std::move(op));
+  // The caller waits for the group now and submits nothing more meanwhile: no fusion cycle.
+  if (blocking && !works.empty()) flush_ = true;
+  lock.unlock();
+  if (!works.empty()) cv_.notify_all();
+  return works;
 }
 
 WorkPtr Engine::submit_custom(const Signature& sig, std::string description, std::shared_ptr<void> keepalive,

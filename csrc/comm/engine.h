@@ -36,6 +36,7 @@ const char* algorithm_name(Algorithm a);
 
 struct EngineOptions {
   size_t ring_chunk_bytes = size_t(1) << 19;     // 512 KiB pipeline chunks
+  size_t shm_chunk_bytes = size_t(768) << 10;    // shm chunks (bench/shm_chunk.py); 0: in one pass
   size_t auto_ring_min_bytes = size_t(1) << 16;  // below this "auto" uses MPI_Allreduce (not on one node: shm)
   bool check_consistency = true;                 // coordinate (and compare) before each operation
   size_t fusion_threshold_bytes = size_t(64) << 20;  // 0 disables fusion
@@ -143,6 +144,11 @@ class Engine {
 
   // `blocking`: the caller waits at once, so run on its thread if the engine is idle.
   WorkPtr allreduce(const AllreduceArgs& args, std::shared_ptr<void> keepalive, bool blocking = false);
+  // pycomm.grouped_allreduce: allreduces queued together, in list order, in one submission (one
+  // lock, at most one worker wake-up), sharing `keepalive`; they fuse as consecutive allreduces do.
+  // `blocking`: the caller waits at once, so they run without waiting out the fusion cycle.
+  std::vector<WorkPtr> allreduce_group(const std::vector<AllreduceArgs>& args, std::shared_ptr<void> keepalive,
+                                       bool blocking = false);
   WorkPtr compressed_allreduce(const struct CompressedArgs& args, std::shared_ptr<void> keepalive, bool blocking = false);  // compressed_allreduce.h
   WorkPtr broadcast(const Buffer& buf, int root, std::string name, std::shared_ptr<void> keepalive,
                     bool blocking = false);
@@ -219,6 +225,7 @@ class Engine {
   };
 
   WorkPtr enqueue(Op op, bool inline_if_idle);
+  Op allreduce_op(const AllreduceArgs& args, std::shared_ptr<void> keepalive);
   void loop();
   // Coordinate and run `batch` (taken from the queue head); returns how many ran.
   size_t execute(std::vector<Op*>& batch);

@@ -1,4 +1,9 @@
+#include <unistd.h>
+
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include <algorithm>
 
@@ -113,13 +118,90 @@ void one_fence_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm) {
   for (int r = 1; r < shm.size(); ++r) kernels::reduce_cpu(buf.data, shm.segment(r) + offset, buf.count, buf.dtype, op);
 }
 
+// Large messages: the three steps chunk by chunk through two window halves (see algorithms.h).
+void pipelined_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, size_t chunk_bytes) {
+  const size_t esize = kernels::dtype_size(buf.dtype);
+  const int L = shm.size(), me = shm.rank();
+  // Whole elements, whole cache lines: each half starts on a 64-byte boundary.
+  const size_t chunk_elems = std::max<size_t>(((chunk_bytes + 63) & ~size_t(63)) / esize, 1);
+  const size_t half_bytes = (chunk_elems * esize + 63) & ~size_t(63);
+  shm.reserve(2 * half_bytes);  // settles first
+  const size_t chunks = (buf.count + chunk_elems - 1) / chunk_elems;
+  auto chunk_at = [&](size_t c, size_t* begin, size_t* count) {
+    *begin = c * chunk_elems;
+    *count = std::min(chunk_elems, buf.count - *begin);
+  };
+  size_t begin = 0, count = 0;
+  chunk_at(0, &begin, &count);
+  std::memcpy(shm.mine(), buf.bytes_at(begin), count * esize);
+  for (size_t c = 0; c < chunks; ++c) {
+    const size_t offset = (c & 1) * half_bytes;
+    shm.fence();  // chunk c is in every segment's half
+    const size_t s_begin = part_begin(count, L, me), s_len = part_size(count, L, me);
+    char* dst = shm.mine() + offset + s_begin * esize;
+    for (int k = 1; k < L; ++k) {
+      const int peer = (me + k) % L;  // a different first peer on every rank spreads the load
+      kernels::reduce_cpu(dst, shm.segment(peer) + offset + s_begin * esize, s_len, buf.dtype, op);
+    }
+    shm.fence();  // every slice of chunk c is reduced
+    for (int k = 0; k < L; ++k) {
+      const int owner = (me + k) % L;
+      const size_t o_begin = part_begin(count, L, owner), o_len = part_size(count, L, owner);
+      std::memcpy(buf.bytes_at(begin + o_begin), shm.segment(owner) + offset + o_begin * esize, o_len * esize);
+    }
+    if (c + 1 < chunks) {
+      chunk_at(c + 1, &begin, &count);
+      std::memcpy(shm.mine() + ((c + 1) & 1) * half_bytes, buf.bytes_at(begin), count * esize);
+    }
+  }
+  shm.fence();  // nobody reads the window any more: it is free for any other use
+}
+
+// The last-level cache that CPU 0 sees (every rank of a node reads the same value): the kernel's
+// cache topology first, since in virtual machines sysconf reports the host's whole socket (384 MiB
+// where sysfs and lscpu say 32 MiB); then sysconf; else 32 MiB.
+size_t last_level_cache_bytes() {
+  static const size_t bytes = [] {
+    size_t best = 0;
+    int best_level = 0;
+    for (int index = 0; index < 8; ++index) {
+      const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+      std::ifstream level_file(dir + "level"), type_file(dir + "type"), size_file(dir + "size");
+      int level = 0;
+      std::string type, size;
+      if (!(level_file >> level) || !(type_file >> type) || !(size_file >> size)) break;
+      if (type == "Instruction" || level < best_level || size.empty()) continue;
+      char* end = nullptr;
+      size_t v = std::strtoull(size.c_str(), &end, 10);
+      if (*end == 'K') v <<= 10;
+      else if (*end == 'M') v <<= 20;
+      if (v) best = v, best_level = level;
+    }
+    if (best) return best;
+    for (int name : {_SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
+      const long v = sysconf(name);
+      if (v > 0) return static_cast<size_t>(v);
+    }
+    return size_t(32) << 20;
+  }();
+  return bytes;
+}
+
 }  // namespace
 
-void shm_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm) {
+size_t shm_pipeline_min_bytes(int local_size, size_t chunk_bytes) {
+  return std::max(chunk_bytes, last_level_cache_bytes() / (2 * static_cast<size_t>(std::max(local_size, 1))));
+}
+
+void shm_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, size_t chunk_bytes) {
   if (buf.count == 0 || shm.size() == 1) return;
   if (buf.bytes() <= kShmOneFenceBytes) {
     timeline::Phase phase("LOCAL_ALLREDUCE");
     return one_fence_allreduce(buf, op, shm);
+  }
+  if (chunk_bytes > 0 && buf.bytes() > shm_pipeline_min_bytes(shm.size(), chunk_bytes)) {
+    timeline::Phase phase("LOCAL_PIPELINED_ALLREDUCE");
+    return pipelined_allreduce(buf, op, shm, chunk_bytes);
   }
   timeline::Phase phase("LOCAL_REDUCE_SCATTER");
   shm_detail::reduce_scatter_into_segments(buf, op, shm);

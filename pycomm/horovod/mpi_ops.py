@@ -309,21 +309,65 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     return compression.decompress(reduced, ctx)
 
 
+def _grouped_start(tensors, outputs, name, op, prescale_factor, postscale_factor, process_set, what) -> int:
+    """Start tensors[i] -> outputs[i] as one pycomm.grouped_allreduce (one submission; they fuse in the
+    engine); hvd.Product goes tensor by tensor (an allgather each)."""
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"pycomm.horovod.{what}: expected a list of tensors, got {type(tensors).__name__}")
+    _check_scales(op, prescale_factor, postscale_factor, what)
+    if op == Product or not all(isinstance(t, torch.Tensor) for t in tensors):
+        return _register_group([_allreduce_start(t, o, f"{name}.{i}" if name else None, op, prescale_factor,
+                                                 postscale_factor, process_set)
+                                for i, (t, o) in enumerate(zip(tensors, outputs))])
+    group = _group(process_set, what)
+    srcs, outs = [], []
+    for t, output in zip(tensors, outputs):
+        if op == Average and not t.dtype.is_floating_point:
+            raise TypeError(f"pycomm.horovod.{what}: hvd.Average needs floating-point tensors, got "
+                            f"{str(t.dtype).replace('torch.', '')}; use op=hvd.Sum and divide yourself")
+        src = t.detach()
+        if prescale_factor != 1.0:
+            src = src * prescale_factor
+            if output is t:
+                with torch.no_grad():
+                    output.copy_(src)
+                src = output.detach()
+        if not src.is_contiguous():
+            src = src.contiguous()
+        srcs.append(src)
+        outs.append(output if output.is_contiguous() else torch.empty_like(src))
+    in_place = all(o.data_ptr() == s.data_ptr() for o, s in zip(outs, srcs))
+    h = pycomm.grouped_allreduce_async(srcs, op=_PYCOMM_OP[op], outs=None if in_place else outs, name=name,
+                                       group=group)
+
+    def finish():
+        with torch.no_grad():
+            for out, output in zip(outs, outputs):
+                if out is not output:
+                    output.copy_(out)
+                if postscale_factor != 1.0:
+                    output.mul_(postscale_factor)
+        return list(outputs)
+
+    return _register([h], finish, (srcs, outs, outputs))
+
+
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                             process_set: ProcessSet = global_process_set) -> int:
-    """Start out-of-place allreduces of a list of tensors (they fuse in the engine); synchronize -> list."""
+    """Start out-of-place allreduces of a list of tensors in one submission (they fuse in the engine);
+    synchronize -> list."""
     op = _resolve_op(average, op, "grouped_allreduce_async")
-    subs = [allreduce_async(t, None, f"{name}.{i}" if name else None, op, prescale_factor, postscale_factor,
-                            process_set) for i, t in enumerate(tensors)]
-    return _register_group(subs)
+    outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) if isinstance(t, torch.Tensor) else t
+               for t in tensors] if isinstance(tensors, (list, tuple)) else tensors
+    return _grouped_start(tensors, outputs, name, op, prescale_factor, postscale_factor, process_set,
+                          "grouped_allreduce_async")
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set: ProcessSet = global_process_set) -> int:
     op = _resolve_op(average, op, "grouped_allreduce_async_")
-    subs = [allreduce_async_(t, None, f"{name}.{i}" if name else None, op, prescale_factor, postscale_factor,
-                             process_set) for i, t in enumerate(tensors)]
-    return _register_group(subs)
+    return _grouped_start(tensors, tensors, name, op, prescale_factor, postscale_factor, process_set,
+                          "grouped_allreduce_async_")
 
 
 def _register_group(subs: List[int]) -> int:

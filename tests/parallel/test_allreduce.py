@@ -251,3 +251,47 @@ def test_bandwidth_table_counts_wrong_results():
     expected, data = bandwidth.rank_dependent(1001, rank, size)
     noop = MPI.COMM_WORLD.allreduce(bandwidth.count_wrong(data, expected), op=MPI.SUM)
     assert noop == (0 if size == 1 else 1001 * (size - size % 2)), noop
+
+
+@pytest.mark.parametrize("dtype,op", [(torch.float32, "sum"), (torch.float64, "avg"), (torch.bfloat16, "sum"),
+                                      (torch.int32, "min")])
+def test_shm_chunk_by_chunk(dtype, op, comm):
+    """Messages above shm_pipeline_min_bytes run chunk by chunk through two window halves; odd chunk
+    sizes (not a multiple of the element size, of L or of a cache line) and a last chunk shorter than
+    the others, checked against the float64 reference and bitwise across ranks, and the window stays
+    two chunks long."""
+    rank, size, L = pycomm.rank(), pycomm.size(), pycomm.local_size()
+    if size == 1 or pycomm.num_nodes() > 1:
+        pytest.skip("the shm window is used on one node of several ranks")
+    old = pycomm.get_options()["shm_chunk_bytes"]
+    esize = torch.tensor([], dtype=dtype).element_size()
+    try:
+        for chunk in (40_003, old):
+            pycomm.set_options(shm_chunk_bytes=chunk)
+            n = pycomm._C.shm_pipeline_min_bytes(L, chunk) // esize + 12_345  # several chunks, a short last one
+            seed = 1200 + chunk % 97 + esize
+            y = pycomm.allreduce(rank_data(rank, n, dtype, seed=seed), op=op, algorithm="shm")
+            assert_close(y, op, size, dtype, seed=seed, what=f"shm in chunks of {chunk} B [{n}] {dtype} {op}")
+            copies = gather_bytes(comm, y)
+            assert all(c == copies[0] for c in copies), f"ranks hold different results (chunks of {chunk} B)"
+            # The window holds two (cache-line rounded) chunks, not the message.
+            assert pycomm.stats()["shm_segment_bytes"] < n * esize
+    finally:
+        pycomm.set_options(shm_chunk_bytes=old)
+
+
+def test_shm_in_one_pass_and_in_chunks_agree_for_two_ranks(comm):
+    """With 2 ranks each element is a + b either way, so both forms give bitwise the same sum."""
+    if pycomm.size() != 2 or pycomm.num_nodes() > 1:
+        pytest.skip("two ranks on one node")
+    old = pycomm.get_options()["shm_chunk_bytes"]
+    n = pycomm._C.shm_pipeline_min_bytes(2, 65536) // 4 + 999
+    x = rank_data(pycomm.rank(), n, torch.float32, seed=1300)
+    try:
+        pycomm.set_options(shm_chunk_bytes=65536)
+        chunked = pycomm.allreduce(x.clone(), algorithm="shm")
+        pycomm.set_options(shm_chunk_bytes=0)
+        one_pass = pycomm.allreduce(x.clone(), algorithm="shm")
+    finally:
+        pycomm.set_options(shm_chunk_bytes=old)
+    assert torch.equal(chunked, one_pass)

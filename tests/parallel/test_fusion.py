@@ -81,3 +81,99 @@ def test_stall_warning_names_missing_ranks(capfd):
     if rank != size - 1:
         assert f"rank {size - 1} has not submitted it" in err, err
         assert "'late.tensor'" in err
+
+
+def test_grouped_allreduce_is_one_submission_and_fuses():
+    """400 small tensors of odd sizes in one call: correct against the float64 reference, every
+    result the tensor itself (in place), and far fewer rounds than tensors."""
+    rank, size = pycomm.rank(), pycomm.size()
+    counts = [1 + (37 * i) % 1023 for i in range(400)]
+    xs = [rank_data(rank, n, torch.float32, seed=2000 + i) for i, n in enumerate(counts)]
+    before = pycomm.stats()
+    h = pycomm.grouped_allreduce_async(xs, op="avg", name="g")
+    assert isinstance(h, pycomm.GroupHandle) and len(h) == len(xs)
+    outs = h.wait()
+    assert h.done() and len(outs) == len(xs)
+    for i, (x, y) in enumerate(zip(xs, outs)):
+        assert y.data_ptr() == x.data_ptr()
+        assert_close(y, "avg", size, torch.float32, seed=2000 + i, what=f"g.{i}")
+    after = pycomm.stats()
+    assert after["operations"] - before["operations"] == len(xs)
+    if size > 1:
+        assert after["rounds"] - before["rounds"] <= 2, "a group of 400 small tensors should run in one batch"
+
+
+def test_grouped_allreduce_mixed_dtypes_ops_out_and_blocking():
+    rank, size = pycomm.rank(), pycomm.size()
+    specs = [(torch.float32, 5), (torch.float64, 0), (torch.int64, 33), (torch.bfloat16, 301), (torch.float32, 1)]
+    xs = [rank_data(rank, n, dt, seed=2500 + i) for i, (dt, n) in enumerate(specs)]
+    outs = [torch.empty_like(x) for x in xs]
+    copies = [x.clone() for x in xs]
+    got = pycomm.grouped_allreduce(xs, op="max", outs=outs)
+    for i, (x, c, o, g) in enumerate(zip(xs, copies, outs, got)):
+        assert g is o or g.data_ptr() == o.data_ptr()
+        assert torch.equal(x, c), "out= must leave the inputs untouched"
+        assert_close(g, "max", size, specs[i][0], seed=2500 + i, what=f"max [{i}]")
+    assert pycomm.grouped_allreduce([]) == []
+
+
+def test_grouped_allreduce_bad_input_names_the_tensor():
+    good = torch.ones(4)
+    with pytest.raises(ValueError, match=r"tensor 'g.1' is not contiguous"):
+        pycomm.grouped_allreduce([good, torch.ones(4, 4).t()], name="g")
+    with pytest.raises(TypeError, match=r"'tensors\[1\]'.*op='avg' needs a floating-point|op='avg' needs a floating"):
+        pycomm.grouped_allreduce([good, torch.ones(3, dtype=torch.int32)], op="avg")
+    with pytest.raises(TypeError, match="expected a list or tuple of tensors"):
+        pycomm.grouped_allreduce(good)
+    with pytest.raises(ValueError, match="outs must be a list of 2 tensors"):
+        pycomm.grouped_allreduce([good, good.clone()], outs=[good])
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        pycomm.grouped_allreduce([good], algorithm="tree")
+    # Nothing was submitted: the engine still serves the next call on every rank.
+    assert_close(pycomm.allreduce(rank_data(pycomm.rank(), 9, torch.float32, seed=2600)), "sum", pycomm.size(),
+                 torch.float32, seed=2600, what="after the refusals")
+
+
+def test_grouped_allreduce_disagreement_raises_on_every_rank():
+    rank, size = pycomm.rank(), pycomm.size()
+    if size < 2:
+        pytest.skip("needs two ranks to disagree")
+    xs = [torch.ones(8), torch.ones(9 if rank == 1 else 8)]
+    with pytest.raises(pycomm.CommError, match="disagree"):
+        pycomm.grouped_allreduce(xs, name="d")
+
+
+def test_grouped_allreduce_with_compression():
+    rank, size = pycomm.rank(), pycomm.size()
+    xs = [rank_data(rank, n, torch.float32, seed=2700 + n, scale=1.0) for n in (3, 1000)]
+    ref = [torch.stack([rank_data(k, x.numel(), torch.float32, seed=2700 + x.numel(), scale=1.0)
+                        for k in range(size)]).double().mean(0) for x in xs]
+    h = pycomm.grouped_allreduce_async(xs, op="avg", compression="fp16", name="c")
+    assert isinstance(h, pycomm.HandleList)
+    for y, r in zip(h.wait(), ref):
+        # fp16 wire: inputs rounded to fp16 (2^-11 relative) and N-term sums (refdata's bound), |x| <= 1.
+        assert float((y.double() - r).abs().max()) <= 2 * size * 2 ** -11 + 2 ** -11
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_grouped_allreduce_above_the_fusion_threshold_runs_in_several_batches(blocking):
+    """A group larger than the threshold (blocking: on the caller's thread; async: on the worker)
+    splits into batches by the queue's rule, a tensor above the threshold alone."""
+    rank, size = pycomm.rank(), pycomm.size()
+    old = pycomm.get_options()["fusion_threshold_bytes"]
+    pycomm.set_options(fusion_threshold_bytes=4096)
+    try:
+        counts = [300, 300, 300, 300, 5000, 7, 300, 0, 999]
+        xs = [rank_data(rank, n, torch.float32, seed=2800 + i) for i, n in enumerate(counts)]
+        before = pycomm.stats()
+        outs = (pycomm.grouped_allreduce(xs, name="b") if blocking
+                else pycomm.grouped_allreduce_async(xs, name="b").wait())
+        for i, y in enumerate(outs):
+            assert_close(y, "sum", size, torch.float32, seed=2800 + i, what=f"b.{i}")
+        after = pycomm.stats()
+        assert after["operations"] - before["operations"] == len(counts)
+        if size > 1:
+            # 4096 B holds three tensors of 300 floats: [0-2] [3] [4] [5-7] [8] at least.
+            assert after["rounds"] - before["rounds"] >= 5
+    finally:
+        pycomm.set_options(fusion_threshold_bytes=old)
