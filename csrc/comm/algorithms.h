@@ -101,8 +101,10 @@ struct FusedTensors {
 // the hierarchical allreduce; with MPI_COMM_NULL the one-node shm allreduce.
 // `pre_divide` scales by 1/N before reducing (fp16/bf16 averages);
 // `unpack_scale` is applied on the way out (1/N for other averages).
+// On one node, batches above shm_pipeline_min_bytes run chunk by chunk as shm_allreduce does, the
+// packing and unpacking being each chunk's copies.
 void windowed_fused_allreduce(const FusedTensors& tensors, ReduceOp op, bool pre_divide, double unpack_scale,
-                              ShmWindow& shm, MPI_Comm cross, size_t chunk_bytes);
+                              ShmWindow& shm, MPI_Comm cross, size_t chunk_bytes, size_t shm_chunk_bytes = 0);
 
 // Intra-node allreduce through a shared-memory window. Per rank, with L ranks
 // on the node and S bytes: copy-in (read S, write S), reduce its 1/L slice

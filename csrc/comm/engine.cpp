@@ -535,7 +535,7 @@ void Engine::run_fused(const std::vector<Op*>& ops) {
     const double scale = head.average && !half ? 1.0 / static_cast<double>(topo_.size) : 1.0;
     timeline::Phase phase("SHM_FUSED_ALLREDUCE");
     windowed_fused_allreduce(t, head.op, head.average && half, scale, shm(), hier ? topo_.cross : MPI_COMM_NULL,
-                             active_.ring_chunk_bytes);
+                             active_.ring_chunk_bytes, active_.shm_chunk_bytes);
     return;
   }
   if (fusion_buffer_.size() < bytes) fusion_buffer_.resize(bytes);

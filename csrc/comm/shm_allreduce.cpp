@@ -58,48 +58,6 @@ void allgather_from_segments(const Buffer& buf, ShmWindow& shm) {
 
 }  // namespace shm_detail
 
-void windowed_fused_allreduce(const FusedTensors& t, ReduceOp op, bool pre_divide, double unpack_scale,
-                              ShmWindow& shm, MPI_Comm cross, size_t chunk_bytes) {
-  const size_t esize = kernels::dtype_size(t.dtype);
-  size_t total = 0;
-  for (size_t c : t.counts) total += c;
-  if (total == 0) return;
-  const int L = shm.size(), me = shm.rank();
-  shm.reserve(total * esize);
-  // Packing is the copy-in: the fused buffer is this rank's window segment.
-  kernels::fusion_pack_cpu(t.srcs.data(), t.counts.data(), t.counts.size(), shm.mine(), t.dtype);
-  if (pre_divide) kernels::scale_cpu(shm.mine(), total, t.dtype, 1.0 / static_cast<double>(t.world_size));
-  shm.fence();
-  shm_detail::reduce_own_slice(total, t.dtype, op, shm);
-  if (cross != MPI_COMM_NULL) {
-    int cross_size = 1;
-    PYCOMM_MPI_CHECK(MPI_Comm_size(cross, &cross_size));
-    Buffer shard;
-    shard.dtype = t.dtype;
-    shard.data = shm.mine() + part_begin(total, L, me) * esize;
-    shard.count = part_size(total, L, me);
-    if (cross_size > 1 && shard.count) ring_allreduce(shard, op, cross, chunk_bytes);
-  }
-  shm.fence();
-  // Unpacking is the copy-out: each tensor is read straight from the
-  // segments that own its pieces, with the average's 1/N applied on the way.
-  size_t offset = 0;
-  for (size_t k = 0; k < t.counts.size(); ++k) {
-    size_t done = 0;
-    while (done < t.counts[k]) {
-      size_t flat = offset + done;
-      int owner = 0;
-      while (part_begin(total, L, owner + 1) <= flat) ++owner;
-      size_t piece = std::min(t.counts[k] - done, part_begin(total, L, owner + 1) - flat);
-      void* dst = static_cast<char*>(t.dsts[k]) + done * esize;
-      kernels::fusion_unpack_cpu(shm.segment(owner) + flat * esize, &dst, &piece, 1, t.dtype, unpack_scale);
-      done += piece;
-    }
-    offset += t.counts[k];
-  }
-  shm.fence();
-}
-
 namespace {
 
 // Latency-bound sizes: one fence instead of three. Every rank copies its data
@@ -118,43 +76,84 @@ void one_fence_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm) {
   for (int r = 1; r < shm.size(); ++r) kernels::reduce_cpu(buf.data, shm.segment(r) + offset, buf.count, buf.dtype, op);
 }
 
-// Large messages: the three steps chunk by chunk through two window halves (see algorithms.h).
-void pipelined_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, size_t chunk_bytes) {
-  const size_t esize = kernels::dtype_size(buf.dtype);
+// Large messages: the three steps chunk by chunk through two window halves (see algorithms.h), over
+// `count` flat elements. copy_in(begin, n, dst) writes flat elements [begin, begin + n) of this rank's
+// input to window memory `dst`; copy_out(begin, n, src) writes the node's reduction of those elements,
+// read from window memory `src`, to this rank's output. The plain allreduce copies one buffer; the
+// fused one gathers from and scatters to its tensors (packing and unpacking are the copies).
+template <class CopyIn, class CopyOut>
+void chunked_allreduce(size_t count, DType dtype, ReduceOp op, ShmWindow& shm, size_t chunk_bytes, CopyIn copy_in,
+                       CopyOut copy_out) {
+  const size_t esize = kernels::dtype_size(dtype);
   const int L = shm.size(), me = shm.rank();
   // Whole elements, whole cache lines: each half starts on a 64-byte boundary.
   const size_t chunk_elems = std::max<size_t>(((chunk_bytes + 63) & ~size_t(63)) / esize, 1);
   const size_t half_bytes = (chunk_elems * esize + 63) & ~size_t(63);
   shm.reserve(2 * half_bytes);  // settles first
-  const size_t chunks = (buf.count + chunk_elems - 1) / chunk_elems;
-  auto chunk_at = [&](size_t c, size_t* begin, size_t* count) {
-    *begin = c * chunk_elems;
-    *count = std::min(chunk_elems, buf.count - *begin);
-  };
-  size_t begin = 0, count = 0;
-  chunk_at(0, &begin, &count);
-  std::memcpy(shm.mine(), buf.bytes_at(begin), count * esize);
+  const size_t chunks = (count + chunk_elems - 1) / chunk_elems;
+  auto chunk_len = [&](size_t c) { return std::min(chunk_elems, count - c * chunk_elems); };
+  copy_in(0, chunk_len(0), shm.mine());
   for (size_t c = 0; c < chunks; ++c) {
-    const size_t offset = (c & 1) * half_bytes;
+    const size_t offset = (c & 1) * half_bytes, begin = c * chunk_elems, len = chunk_len(c);
     shm.fence();  // chunk c is in every segment's half
-    const size_t s_begin = part_begin(count, L, me), s_len = part_size(count, L, me);
+    const size_t s_begin = part_begin(len, L, me), s_len = part_size(len, L, me);
     char* dst = shm.mine() + offset + s_begin * esize;
     for (int k = 1; k < L; ++k) {
       const int peer = (me + k) % L;  // a different first peer on every rank spreads the load
-      kernels::reduce_cpu(dst, shm.segment(peer) + offset + s_begin * esize, s_len, buf.dtype, op);
+      kernels::reduce_cpu(dst, shm.segment(peer) + offset + s_begin * esize, s_len, dtype, op);
     }
     shm.fence();  // every slice of chunk c is reduced
     for (int k = 0; k < L; ++k) {
       const int owner = (me + k) % L;
-      const size_t o_begin = part_begin(count, L, owner), o_len = part_size(count, L, owner);
-      std::memcpy(buf.bytes_at(begin + o_begin), shm.segment(owner) + offset + o_begin * esize, o_len * esize);
+      const size_t o_begin = part_begin(len, L, owner), o_len = part_size(len, L, owner);
+      if (o_len) copy_out(begin + o_begin, o_len, shm.segment(owner) + offset + o_begin * esize);
     }
-    if (c + 1 < chunks) {
-      chunk_at(c + 1, &begin, &count);
-      std::memcpy(shm.mine() + ((c + 1) & 1) * half_bytes, buf.bytes_at(begin), count * esize);
-    }
+    // Chunk c+1 goes to the other half, which chunk c-1 used: every rank copied chunk c-1 out
+    // before the first fence of chunk c.
+    if (c + 1 < chunks) copy_in(begin + chunk_elems, chunk_len(c + 1), shm.mine() + ((c + 1) & 1) * half_bytes);
   }
   shm.fence();  // nobody reads the window any more: it is free for any other use
+}
+
+void pipelined_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, size_t chunk_bytes) {
+  const size_t esize = kernels::dtype_size(buf.dtype);
+  chunked_allreduce(
+      buf.count, buf.dtype, op, shm, chunk_bytes,
+      [&](size_t begin, size_t n, char* dst) { std::memcpy(dst, buf.bytes_at(begin), n * esize); },
+      [&](size_t begin, size_t n, const char* src) { std::memcpy(buf.bytes_at(begin), src, n * esize); });
+}
+
+// The fused batch chunk by chunk: a chunk's flat range gathered from the tensors that overlap it,
+// pre-divided in the window (fp16/bf16 averages), scattered back with the unpack scale.
+void pipelined_fused_allreduce(const FusedTensors& t, size_t total, ReduceOp op, bool pre_divide, double unpack_scale,
+                               ShmWindow& shm, size_t chunk_bytes) {
+  const size_t esize = kernels::dtype_size(t.dtype);
+  std::vector<size_t> starts(t.counts.size() + 1, 0);  // flat offset of each tensor
+  for (size_t k = 0; k < t.counts.size(); ++k) starts[k + 1] = starts[k] + t.counts[k];
+  // Calls fn(tensor, element offset in it, element offset in the range, length) for each piece of [begin, begin + n).
+  auto pieces = [&](size_t begin, size_t n, auto fn) {
+    size_t k = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin()) - 1;
+    for (size_t done = 0; done < n; ++k) {
+      const size_t at = begin + done - starts[k], len = std::min(t.counts[k] - at, n - done);
+      if (len) fn(k, at, done, len);
+      done += len;
+    }
+  };
+  const double inv_n = 1.0 / static_cast<double>(t.world_size);
+  chunked_allreduce(
+      total, t.dtype, op, shm, chunk_bytes,
+      [&](size_t begin, size_t n, char* dst) {
+        pieces(begin, n, [&](size_t k, size_t at, size_t off, size_t len) {
+          std::memcpy(dst + off * esize, static_cast<const char*>(t.srcs[k]) + at * esize, len * esize);
+        });
+        if (pre_divide) kernels::scale_cpu(dst, n, t.dtype, inv_n);
+      },
+      [&](size_t begin, size_t n, const char* src) {
+        pieces(begin, n, [&](size_t k, size_t at, size_t off, size_t len) {
+          void* dst = static_cast<char*>(t.dsts[k]) + at * esize;
+          kernels::fusion_unpack_cpu(src + off * esize, &dst, &len, 1, t.dtype, unpack_scale);
+        });
+      });
 }
 
 // The last-level cache that CPU 0 sees (every rank of a node reads the same value): the kernel's
@@ -191,6 +190,51 @@ size_t last_level_cache_bytes() {
 
 size_t shm_pipeline_min_bytes(int local_size, size_t chunk_bytes) {
   return std::max(chunk_bytes, last_level_cache_bytes() / (2 * static_cast<size_t>(std::max(local_size, 1))));
+}
+
+void windowed_fused_allreduce(const FusedTensors& t, ReduceOp op, bool pre_divide, double unpack_scale,
+                              ShmWindow& shm, MPI_Comm cross, size_t chunk_bytes, size_t shm_chunk_bytes) {
+  const size_t esize = kernels::dtype_size(t.dtype);
+  size_t total = 0;
+  for (size_t c : t.counts) total += c;
+  if (total == 0) return;
+  if (cross == MPI_COMM_NULL && shm_chunk_bytes > 0 &&
+      total * esize > shm_pipeline_min_bytes(shm.size(), shm_chunk_bytes))
+    return pipelined_fused_allreduce(t, total, op, pre_divide, unpack_scale, shm, shm_chunk_bytes);
+  const int L = shm.size(), me = shm.rank();
+  shm.reserve(total * esize);
+  // Packing is the copy-in: the fused buffer is this rank's window segment.
+  kernels::fusion_pack_cpu(t.srcs.data(), t.counts.data(), t.counts.size(), shm.mine(), t.dtype);
+  if (pre_divide) kernels::scale_cpu(shm.mine(), total, t.dtype, 1.0 / static_cast<double>(t.world_size));
+  shm.fence();
+  shm_detail::reduce_own_slice(total, t.dtype, op, shm);
+  if (cross != MPI_COMM_NULL) {
+    int cross_size = 1;
+    PYCOMM_MPI_CHECK(MPI_Comm_size(cross, &cross_size));
+    Buffer shard;
+    shard.dtype = t.dtype;
+    shard.data = shm.mine() + part_begin(total, L, me) * esize;
+    shard.count = part_size(total, L, me);
+    if (cross_size > 1 && shard.count) ring_allreduce(shard, op, cross, chunk_bytes);
+  }
+  shm.fence();
+  // Unpacking is the copy-out: each tensor is read straight from the
+  // segments that own its pieces, with the average's 1/N applied on the way.
+  size_t offset = 0;
+  for (size_t k = 0; k < t.counts.size(); ++k) {
+    size_t done = 0;
+    while (done < t.counts[k]) {
+      size_t flat = offset + done;
+      int owner = 0;
+      while (part_begin(total, L, owner + 1) <= flat) ++owner;
+      size_t piece = std::min(t.counts[k] - done, part_begin(total, L, owner + 1) - flat);
+      void* dst = static_cast<char*>(t.dsts[k]) + done * esize;
+      kernels::fusion_unpack_cpu(shm.segment(owner) + flat * esize, &dst, &piece, 1, t.dtype, unpack_scale);
+      done += piece;
+    }
+    offset += t.counts[k];
+  }
+  shm.fence();
 }
 
 void shm_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, size_t chunk_bytes) {
