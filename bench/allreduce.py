@@ -230,12 +230,14 @@ def copy_bandwidth(comm, nbytes, iters=5):
     return 2 * nbytes / median_time(lambda: dst.copy_(src), comm, iters, warmup=1)
 
 
-def shm_model_seconds(nbytes, local_size, per_rank_copy_bw):
-    """Memory-traffic bound of algorithm 'shm' on one node of L ranks, S bytes, per rank:
+def shm_model_seconds(nbytes, local_size, per_rank_copy_bw, chunked=False):
+    """Memory-traffic bound of algorithm 'shm' on one node of L ranks, S bytes, per rank. One pass:
     copy-in (read S + write S), pairwise reduction of its S/L slice with L-1 peers
-    (read 2(L-1)/L S, write (L-1)/L S), copy-out (read S + write S)."""
+    (read 2(L-1)/L S, write (L-1)/L S), copy-out (read S + write S). Chunk by chunk (above
+    pycomm._C.shm_pipeline_min_bytes) the window stays in cache and only the tensor crosses to
+    memory: read S, write S."""
     L = local_size
-    traffic = 4 * nbytes + 3 * (L - 1) / L * nbytes
+    traffic = 2 * nbytes if chunked else 4 * nbytes + 3 * (L - 1) / L * nbytes
     return traffic / per_rank_copy_bw
 
 
@@ -385,15 +387,19 @@ def main(argv=None):
     if args.model:
         topo = pycomm.topology()
         model_rows = []
+        chunk = pycomm.get_options()["shm_chunk_bytes"]
+        chunked_above = pycomm._C.shm_pipeline_min_bytes(topo.local_size, chunk) if chunk else None
         for nbytes in size_list:
             bw = copy_bandwidth(comm, nbytes)
-            bound = shm_model_seconds(nbytes, topo.local_size, bw)
+            bound = shm_model_seconds(nbytes, topo.local_size, bw, chunked_above is not None and nbytes > chunked_above)
             shm = [r for r in rows if r["impl"] == "shm" and r["size"] == nbytes]
             model_rows.append(dict(size=nbytes, copy_GBps_per_rank=bw / 1e9, shm_bound_us=bound * 1e6,
                                    shm_us=shm[0]["time_us"] if shm else None))
         if comm.rank == 0:
             print(f"# memory-traffic model of 'shm' ({topo.local_size} ranks per node; per rank 4S + 3(L-1)/L S "
-                  f"bytes at the copy bandwidth every rank gets while all copy at once)")
+                  f"bytes in one pass, 2S chunk by chunk (above "
+                  f"{human(chunked_above) if chunked_above else 'never: shm_chunk_bytes=0'}), at the copy "
+                  f"bandwidth every rank gets while all copy at once)")
             print(f"# {'size':>10} {'copy GB/s/rank':>15} {'bound_us':>11} {'shm_us':>11} {'bound/shm':>10}")
             for m in model_rows:
                 eff = f"{m['shm_bound_us'] / m['shm_us']:.2f}" if m["shm_us"] else "-"
