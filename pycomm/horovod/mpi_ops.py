@@ -383,6 +383,11 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
                       prescale_factor=1.0, postscale_factor=1.0, process_set: ProcessSet = global_process_set):
     """Out-of-place allreduce of every tensor of the list; differentiable; returns a list."""
     op = _resolve_op(average, op, "grouped_allreduce")
+    if (compression is Compression.none and isinstance(tensors, (list, tuple))
+            and not any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)):
+        # Nothing to differentiate: the whole list in one submission.
+        return synchronize(grouped_allreduce_async(tensors, None, name, op, prescale_factor, postscale_factor,
+                                                   process_set))
     return [allreduce(t, None, f"{name}.{i}" if name else None, compression, op, prescale_factor, postscale_factor,
                       process_set) for i, t in enumerate(tensors)]
 

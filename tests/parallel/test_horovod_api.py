@@ -272,3 +272,23 @@ def test_sync_batch_norm_matches_full_batch(comm, shape):
     # Weight/bias gradients stay local (the optimizer reduces them): their sum over ranks is the full one.
     wsum = comm.allreduce(bn.weight.grad.numpy())
     np.testing.assert_allclose(wsum, ref.weight.grad.numpy(), atol=1e-11)
+
+
+def test_grouped_allreduce_scales_in_place_and_product():
+    """hvd.grouped_allreduce(_)(_async) in one submission: pre/post scaling, the in-place form, a
+    non-contiguous member, and hvd.Product (tensor by tensor) against float64 references."""
+    n = hvd.size()
+    ts = [rank_data(hvd.rank(), c, torch.float64, seed=70 + c) for c in (5, 64, 1)]
+    refs = [reference("sum", n, t.numel(), torch.float64, seed=70 + t.numel()) for t in ts]
+    outs = hvd.grouped_allreduce(ts, op=hvd.Sum, prescale_factor=0.5, postscale_factor=4.0)
+    for o, r in zip(outs, refs):
+        np.testing.assert_allclose(o.numpy(), 2.0 * r, rtol=1e-12, atol=1e-9)
+    inplace = [t.clone() for t in ts] + [torch.arange(6, dtype=torch.float64).reshape(2, 3).t()]
+    got = hvd.grouped_allreduce_(inplace, op=hvd.Average)
+    assert all(g is t for g, t in zip(got, inplace))
+    for g, r in zip(got[:3], refs):
+        np.testing.assert_allclose(g.numpy(), r / n, rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(got[3].numpy(), np.arange(6.0).reshape(2, 3).T)
+    small = [torch.full((3,), float(hvd.rank() + 2), dtype=torch.float64)]
+    prod = hvd.grouped_allreduce(small, op=hvd.Product)
+    np.testing.assert_allclose(prod[0].numpy(), np.full(3, float(np.prod(np.arange(2, n + 2)))))
