@@ -206,6 +206,21 @@ def _check_scales(op: int, prescale_factor, postscale_factor, what: str) -> None
                          f"hvd.Average, not to hvd.{_OP_NAMES[op]}")
 
 
+def _prepare(tensor, output, prescale_factor):
+    """The source the engine reads (prescaled; in place: `output` itself) and the contiguous tensor it
+    writes (`output`, or a contiguous stand-in copied back by the finisher)."""
+    src = tensor.detach()
+    if prescale_factor != 1.0:
+        src = src * prescale_factor
+        if output is tensor:
+            with torch.no_grad():
+                output.copy_(src)
+            src = output.detach()
+    if not src.is_contiguous():
+        src = src.contiguous()
+    return src, (output if output.is_contiguous() else torch.empty_like(src))
+
+
 def _allreduce_start(tensor, output, name, op, prescale_factor, postscale_factor, process_set) -> int:
     """Start tensor -> output (output may be tensor); returns a Horovod handle."""
     what = "allreduce"
@@ -227,16 +242,7 @@ def _allreduce_start(tensor, output, name, op, prescale_factor, postscale_factor
             return output
 
         return _register([hg], finish_prod, (flat, output))
-    src = tensor.detach()
-    if prescale_factor != 1.0:
-        src = src * prescale_factor
-        if output is tensor:
-            with torch.no_grad():
-                output.copy_(src)
-            src = output.detach()
-    if not src.is_contiguous():
-        src = src.contiguous()
-    out = output if output.is_contiguous() else torch.empty_like(src)
+    src, out = _prepare(tensor, output, prescale_factor)
     h = pycomm.allreduce_async(src, op=_PYCOMM_OP[op], out=out, name=name, group=group)
 
     def finish():
@@ -325,17 +331,9 @@ def _grouped_start(tensors, outputs, name, op, prescale_factor, postscale_factor
         if op == Average and not t.dtype.is_floating_point:
             raise TypeError(f"pycomm.horovod.{what}: hvd.Average needs floating-point tensors, got "
                             f"{str(t.dtype).replace('torch.', '')}; use op=hvd.Sum and divide yourself")
-        src = t.detach()
-        if prescale_factor != 1.0:
-            src = src * prescale_factor
-            if output is t:
-                with torch.no_grad():
-                    output.copy_(src)
-                src = output.detach()
-        if not src.is_contiguous():
-            src = src.contiguous()
+        src, out = _prepare(t, output, prescale_factor)
         srcs.append(src)
-        outs.append(output if output.is_contiguous() else torch.empty_like(src))
+        outs.append(out)
     in_place = all(o.data_ptr() == s.data_ptr() for o, s in zip(outs, srcs))
     h = pycomm.grouped_allreduce_async(srcs, op=_PYCOMM_OP[op], outs=None if in_place else outs, name=name,
                                        group=group)
