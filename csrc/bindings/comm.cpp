@@ -98,6 +98,8 @@ py::dict options_to(const comm::EngineOptions& o) {
   return d;
 }
 
+}  // namespace
+
 // torch's current stream on CUDA device `device` (a cudaStream_t); nullptr for the host stand-in.
 void* current_stream(int device) {
 #ifdef PYCOMM_WITH_CUDA
@@ -106,6 +108,8 @@ void* current_stream(int device) {
   (void)device;
   return nullptr;
 }
+
+namespace {
 
 // What Python holds for an asynchronous collective. The tensors stay alive in
 // the Work's keepalive until the engine is done with them, even if the handle
@@ -170,6 +174,8 @@ class Handle {
   int64_t group_ = -1;
 };
 
+}  // namespace
+
 // The tensors of one submission, kept alive until the engine is done, and
 // its ready event (device_event.h): recorded on torch's current stream of the
 // tensors' device, which produced them; the engine waits on it before it
@@ -194,14 +200,7 @@ std::shared_ptr<void> keep(std::vector<at::Tensor> tensors, comm::Engine& engine
   return std::make_shared<std::vector<at::Tensor>>(std::move(tensors));
 }
 
-// Clears the thread's submit event when a submission ends: one whose engine call threw before
-// queueing must not leave its event to the next submission from this thread.
-struct SubmitScope {
-  SubmitScope() = default;
-  SubmitScope(const SubmitScope&) = delete;
-  SubmitScope& operator=(const SubmitScope&) = delete;
-  ~SubmitScope() { comm::set_submit_event(nullptr); }
-};
+namespace {
 
 std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tensor& output, const std::string& op,
                                         bool average, const std::string& algorithm, const std::string& name,

@@ -5,9 +5,6 @@
 #include "../comm/compressed_allreduce.h"
 #include "../comm/engine.h"
 #include "bindings.h"
-#ifdef PYCOMM_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
-#endif
 
 namespace py = pybind11;
 
@@ -22,17 +19,29 @@ comm::Compression parse_compression(const std::string& c) {
   throw py::value_error("unknown compression '" + c + "'; the engine runs fp16, bf16 and onebit");
 }
 
-// A compressed allreduce in flight. Like pycomm.Handle, and after wait() it
-// also tells how many bytes this rank sent.
+// A compressed allreduce in flight. Like pycomm.Handle (stream order, device_event.h), and after
+// wait() it also tells how many bytes this rank sent.
 class CompressedHandle {
  public:
   CompressedHandle(comm::WorkPtr work, at::Tensor result, std::shared_ptr<comm::CompressedStats> stats)
       : work_(std::move(work)), result_(std::move(result)), stats_(std::move(stats)) {}
 
+  // Once the engine has finished, the caller's current stream waits for pycomm's device work (an
+  // event); the host does not wait for the device.
   at::Tensor wait() {
     {
       py::gil_scoped_release release;
       work_->wait();
+      order_current_stream(work_->done_event());
+    }
+    return result_;
+  }
+  // wait(), then block the host until pycomm's device work has finished.
+  at::Tensor synchronize() {
+    {
+      py::gil_scoped_release release;
+      work_->wait();
+      if (comm::EventPtr done = work_->done_event()) done->synchronize();
     }
     return result_;
   }
@@ -62,6 +71,7 @@ std::shared_ptr<CompressedHandle> compressed_allreduce_async(const at::Tensor& i
                                                              const std::optional<at::Tensor>& server_residual,
                                                              const std::optional<at::Tensor>& mask,
                                                              const std::string& name, bool blocking) {
+  SubmitScope submit;
   comm::CompressedArgs a;
   a.input = float_buffer(input, "compressed allreduce");
   a.output = float_buffer(output, "compressed allreduce out");
@@ -69,14 +79,14 @@ std::shared_ptr<CompressedHandle> compressed_allreduce_async(const at::Tensor& i
   a.compression = parse_compression(compression);
   a.average = average;
   a.name = name;
-  std::vector<at::Tensor> keep{input, output};
+  std::vector<at::Tensor> tensors{input, output};
   if (a.compression == comm::Compression::ONEBIT) {
     if (!worker_residual || !server_residual)
       throw py::value_error("compressed allreduce: onebit needs its worker and server residuals");
     a.worker_residual = float_buffer(*worker_residual, "onebit worker residual");
     a.server_residual = float_buffer(*server_residual, "onebit server residual");
-    keep.push_back(*worker_residual);
-    keep.push_back(*server_residual);
+    tensors.push_back(*worker_residual);
+    tensors.push_back(*server_residual);
     if (mask) {
       const at::Tensor& mk = *mask;
       if ((mk.scalar_type() != at::kByte && mk.scalar_type() != at::kBool) || !mk.is_contiguous())
@@ -87,17 +97,13 @@ std::shared_ptr<CompressedHandle> compressed_allreduce_async(const at::Tensor& i
         a.mask.device = comm::Device::CUDA;
         a.mask.device_index = mk.get_device();
       }
-      keep.push_back(mk);
+      tensors.push_back(mk);
     }
   }
-#ifdef PYCOMM_WITH_CUDA
-  // The engine's kernels run on streams of its own: first let the work queued
-  // on torch's current stream (which produced the tensors) finish.
-  if (input.is_cuda()) c10::cuda::getCurrentCUDAStream(input.get_device()).synchronize();
-#endif
   a.stats = std::make_shared<comm::CompressedStats>();
   auto stats = a.stats;
-  auto keepalive = std::make_shared<std::vector<at::Tensor>>(std::move(keep));
+  // The ready event on torch's current stream (no host block here); the engine waits on it.
+  auto keepalive = keep(std::move(tensors), engine());
   comm::WorkPtr work;
   {
     py::gil_scoped_release release;  // a blocking call may run the collective right here
@@ -111,7 +117,12 @@ std::shared_ptr<CompressedHandle> compressed_allreduce_async(const at::Tensor& i
 void register_compression(py::module_& m) {
   py::class_<CompressedHandle, std::shared_ptr<CompressedHandle>>(
       m, "CompressedHandle", "A compressed allreduce in flight; after wait() it reports the bytes this rank sent.")
-      .def("wait", &CompressedHandle::wait, "Block until done (GIL released); return the result tensor.")
+      .def("wait", &CompressedHandle::wait,
+           "Wait until the engine has finished (GIL released) and return the result tensor. For CUDA tensors the "
+           "caller's current stream is then ordered after pycomm's device work (an event), without blocking the "
+           "host on the device.")
+      .def("synchronize", &CompressedHandle::synchronize,
+           "wait(), then block the host until pycomm's device work on the result has finished.")
       .def("done", &CompressedHandle::done)
       .def_property_readonly("wire_bytes", [](const CompressedHandle& h) { return h.stats().wire_bytes; },
                              "Bytes this rank sent to other ranks.")

@@ -9,9 +9,6 @@
 #include "../comm/compressed_allreduce.h"
 #include "../comm/engine.h"
 #include "../comm/mpi_types.h"
-#ifdef PYCOMM_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
-#endif
 
 namespace pycomm {
 namespace c10d_backend {
@@ -99,14 +96,12 @@ int checked_count(size_t bytes, const char* op) {
   return static_cast<int>(bytes);
 }
 
-// The engine reads device tensors from its own streams: let the work queued on
-// torch's current stream (which produced them) finish first.
-std::shared_ptr<void> keep(const std::vector<at::Tensor>& tensors) {
-#ifdef PYCOMM_WITH_CUDA
-  for (const auto& t : tensors)
-    if (t.is_cuda()) c10::cuda::getCurrentCUDAStream(t.get_device()).synchronize();
-#endif
-  return std::make_shared<std::vector<at::Tensor>>(tensors);
+// The tensors of a submission, kept alive until the engine is done, and its ready event
+// (bindings::keep, device_event.h): recorded on torch's current stream, which produced the tensors;
+// the engine waits on it before it touches them, and the caller's thread goes on (no host block).
+// Every op that calls it holds a bindings::SubmitScope around its engine call.
+std::shared_ptr<void> keep(std::vector<at::Tensor> tensors, int64_t group) {
+  return bindings::keep(std::move(tensors), bindings::engine_of(group));
 }
 
 comm::Signature signature(comm::Collective kind, const at::Tensor& t, const char* op) {
@@ -129,8 +124,12 @@ at::Tensor host_view(const at::Tensor& t) { return t.is_cuda() ? t.to(at::kCPU) 
 // the operation (and any copy into the caller's outputs) is done.
 class PycommWork : public c10d::Work {
  public:
-  PycommWork(int rank, OpType type, std::vector<at::Tensor> outputs, FutureRef future, int64_t group)
-      : c10d::Work(rank, type), outputs_(std::move(outputs)), future_(std::move(future)), group_(group) {}
+  // `work`: the engine's operation, whose done event wait() orders the caller's stream after (null for
+  // the wrappers whose future completes after copies of their own).
+  PycommWork(int rank, OpType type, std::vector<at::Tensor> outputs, FutureRef future, int64_t group,
+             comm::WorkPtr work = nullptr)
+      : c10d::Work(rank, type), outputs_(std::move(outputs)), future_(std::move(future)), group_(group),
+        work_(std::move(work)) {}
 
   bool isCompleted() override { return future_->completed(); }
   bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
@@ -147,10 +146,14 @@ class PycommWork : public c10d::Work {
 
   // No per-call timeout: the engine's stall watchdog (PYCOMM_STALL_WARNING_S /
   // PYCOMM_STALL_ABORT_S) reports and ends operations that wait too long.
+  // Stream order (device_event.h): once the engine has finished, the caller's current stream waits
+  // for pycomm's device work (the done event); the host does not wait for the device. (The future's
+  // own wait also orders the current stream, after the events recorded when it completed.)
   bool wait(std::chrono::milliseconds /*timeout*/) override {
     flush();  // someone waits: do not hold it back for fusion
     future_->wait();
     if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+    if (work_) bindings::order_current_stream(work_->done_event());
     return true;
   }
 
@@ -166,6 +169,7 @@ class PycommWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   FutureRef future_;
   int64_t group_;
+  comm::WorkPtr work_;
 };
 
 FutureRef make_future(const std::vector<at::Tensor>& outputs) {
@@ -192,7 +196,7 @@ WorkRef complete(int rank, OpType type, int64_t group, const comm::WorkPtr& work
     if (error) future->setError(error);
     else future->markCompleted(c10::IValue(outputs));
   });
-  return c10::make_intrusive<PycommWork>(rank, type, std::move(outputs), std::move(future), group);
+  return c10::make_intrusive<PycommWork>(rank, type, std::move(outputs), std::move(future), group, work);
 }
 
 // Point-to-point: an MPI request on the backend's own communicator.
@@ -286,17 +290,19 @@ void python_warning(const std::string& msg) {
 }
 
 // Why the backend cannot compress this allreduce ("" if it can): the engine's
-// compressed allreduce takes float32 host memory and sums (or averages).
+// compressed allreduce takes float32 host or CUDA memory (CUDA: the device
+// form, device_compressed_allreduce.cpp, residuals on the tensor's device) and
+// sums (or averages).
 std::string why_uncompressed(const at::Tensor& t, const c10d::ReduceOp& r) {
   std::ostringstream why;
   if (t.scalar_type() != at::kFloat) why << "a " << t.scalar_type() << " tensor";
-  else if (!t.is_cpu()) why << "a tensor on " << t.device() << " (compression handles host memory in this build)";
   else if (r.op_ != c10d::ReduceOp::SUM && r.op_ != c10d::ReduceOp::AVG) why << "ReduceOp." << op_name(r);
   return why.str();
 }
 }  // namespace
 
 WorkRef ProcessGroupPycomm::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  bindings::SubmitScope submit;
   const at::Tensor& t = single(tensors, "allreduce");
   comm::AllreduceArgs a;
   a.input = a.output = buffer_of(t, "allreduce");
@@ -305,7 +311,7 @@ WorkRef ProcessGroupPycomm::allreduce(std::vector<at::Tensor>& tensors, const c1
     const std::string why = why_uncompressed(t, opts.reduceOp);
     if (why.empty()) return compressed_allreduce(t, choice.average, !opts.asyncOp);
     if (!warned_.exchange(true))
-      python_warning("PYCOMM_COMPRESSION=" + compression() + ": the pycomm backend compresses float32 CPU "
+      python_warning("PYCOMM_COMPRESSION=" + compression() + ": the pycomm backend compresses float32 "
                      "allreduces with ReduceOp SUM or AVG only; an allreduce of " + why + " was sent uncompressed "
                      "(exact), and so is every other such allreduce on this process group (warned once)");
   }
@@ -313,13 +319,14 @@ WorkRef ProcessGroupPycomm::allreduce(std::vector<at::Tensor>& tensors, const c1
   a.average = choice.average;
   a.algorithm = comm::Algorithm::AUTO;
   // async_op=False: run on this thread when the engine is idle (no hand-off to the engine thread).
-  auto work = bindings::engine_of(group_).allreduce(a, keep({t}), !opts.asyncOp);
+  auto work = bindings::engine_of(group_).allreduce(a, keep({t}, group_), !opts.asyncOp);
   return complete(rank_, OpType::ALLREDUCE, group_, work, {t});
 }
 
 // PYCOMM_COMPRESSION: the engine's compressed allreduce (compressed_allreduce.h),
 // fp16/bf16 without state; onebit with the residuals of this call's site.
 WorkRef ProcessGroupPycomm::compressed_allreduce(const at::Tensor& t, bool average, bool blocking) {
+  bindings::SubmitScope submit;
   comm::CompressedArgs a;
   a.input = a.output = buffer_of(t, "allreduce");
   a.compression = static_cast<comm::Compression>(compression_);
@@ -351,20 +358,22 @@ WorkRef ProcessGroupPycomm::compressed_allreduce(const at::Tensor& t, bool avera
     keepalive.push_back(r.worker);
     keepalive.push_back(r.server);
   }
-  auto work = bindings::engine_of(group_).compressed_allreduce(a, keep(keepalive), blocking);
+  auto work = bindings::engine_of(group_).compressed_allreduce(a, keep(std::move(keepalive), group_), blocking);
   return complete(rank_, OpType::ALLREDUCE, group_, work, {t});
 }
 
 WorkRef ProcessGroupPycomm::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  bindings::SubmitScope submit;
   const at::Tensor& t = single(tensors, "broadcast");
   TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < size_, "pycomm backend: broadcast root ", opts.rootRank,
                     " is not a rank of this group (0..", size_ - 1, ")");
   auto work = bindings::engine_of(group_).broadcast(buffer_of(t, "broadcast"), static_cast<int>(opts.rootRank), "",
-                                                    keep({t}), !opts.asyncOp);
+                                                    keep({t}, group_), !opts.asyncOp);
   return complete(rank_, OpType::BROADCAST, group_, work, {t});
 }
 
 WorkRef ProcessGroupPycomm::_allgather_base(at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions&) {
+  bindings::SubmitScope submit;
   comm::Buffer in = buffer_of(input, "all_gather_into_tensor");
   buffer_of(output, "all_gather_into_tensor");
   TORCH_CHECK_VALUE(output.numel() == input.numel() * size_ && output.scalar_type() == input.scalar_type() &&
@@ -380,7 +389,7 @@ WorkRef ProcessGroupPycomm::_allgather_base(at::Tensor& output, at::Tensor& inpu
         if (rows != static_cast<size_t>(n)) throw comm::CommError("all_gather_into_tensor: unexpected row count");
         return out;
       },
-      "", keep({input, output}));
+      "", keep({input, output}, group_));
   return complete(rank_, OpType::_ALLGATHER_BASE, group_, work, {output});
 }
 
@@ -417,6 +426,7 @@ WorkRef ProcessGroupPycomm::allgather(std::vector<std::vector<at::Tensor>>& outp
 
 WorkRef ProcessGroupPycomm::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::ReduceScatterOptions& opts) {
+  bindings::SubmitScope submit;
   comm::ReduceScatterArgs a;
   a.input = buffer_of(input, "reduce_scatter_tensor");
   a.output = buffer_of(output, "reduce_scatter_tensor");
@@ -430,7 +440,7 @@ WorkRef ProcessGroupPycomm::_reduce_scatter_base(at::Tensor& output, at::Tensor&
   OpChoice choice = reduce_op(opts.reduceOp, input, "reduce_scatter");
   a.op = choice.op;
   a.average = choice.average;
-  auto work = bindings::engine_of(group_).reduce_scatter(a, keep({input, output}), !opts.asyncOp);
+  auto work = bindings::engine_of(group_).reduce_scatter(a, keep({input, output}, group_), !opts.asyncOp);
   return complete(rank_, OpType::_REDUCE_SCATTER_BASE, group_, work, {output});
 }
 
@@ -459,6 +469,7 @@ WorkRef ProcessGroupPycomm::reduce_scatter(std::vector<at::Tensor>& outputs,
 
 WorkRef ProcessGroupPycomm::alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
                                          std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) {
+  bindings::SubmitScope submit;
   comm::AlltoallArgs a;
   a.input = buffer_of(input, "all_to_all_single");
   comm::Buffer out = buffer_of(output, "all_to_all_single");
@@ -497,7 +508,7 @@ WorkRef ProcessGroupPycomm::alltoall_base(at::Tensor& output, at::Tensor& input,
   a.row_elems = static_cast<size_t>(row);
   a.row_shape.assign(input.sizes().begin() + 1, input.sizes().end());
   a.output = out.data;
-  auto work = bindings::engine_of(group_).alltoall(a, keep({input, output}), !opts.asyncOp);
+  auto work = bindings::engine_of(group_).alltoall(a, keep({input, output}, group_), !opts.asyncOp);
   return complete(rank_, OpType::ALLTOALL_BASE, group_, work, {output});
 }
 
@@ -546,6 +557,7 @@ WorkRef ProcessGroupPycomm::barrier(const c10d::BarrierOptions& opts) {
 }
 
 WorkRef ProcessGroupPycomm::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  bindings::SubmitScope submit;
   const at::Tensor& t = single(tensors, "reduce");
   comm::Buffer b = buffer_of(t, "reduce");
   TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < size_, "pycomm backend: reduce root ", opts.rootRank,
@@ -560,7 +572,7 @@ WorkRef ProcessGroupPycomm::reduce(std::vector<at::Tensor>& tensors, const c10d:
   const int root = static_cast<int>(opts.rootRank), me = rank_, n = size_;
   MPI_Comm world = engine.topology().world;
   at::Tensor tensor = t;
-  auto work = engine.submit_custom(sig, "reduce", keep({t}), [=]() mutable {
+  auto work = engine.submit_custom(sig, "reduce", keep({t}, group_), [=]() mutable {
     // MPI_Reduce through MPI's (or pycomm's fp16/bf16) ops; device data via a host copy.
     at::Tensor h = host_view(tensor);
     const comm::DType dt = b.dtype;
@@ -578,6 +590,7 @@ WorkRef ProcessGroupPycomm::reduce(std::vector<at::Tensor>& tensors, const c10d:
 
 WorkRef ProcessGroupPycomm::gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                   const c10d::GatherOptions& opts) {
+  bindings::SubmitScope submit;
   const at::Tensor& input = single(inputs, "gather");
   buffer_of(input, "gather");
   TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < size_, "pycomm backend: gather root ", opts.rootRank,
@@ -603,7 +616,7 @@ WorkRef ProcessGroupPycomm::gather(std::vector<std::vector<at::Tensor>>& outputs
   const int me = rank_, n = size_;
   MPI_Comm world = engine.topology().world;
   at::Tensor in = input;
-  auto work = engine.submit_custom(sig, "gather", keep({input}), [=]() {
+  auto work = engine.submit_custom(sig, "gather", keep({input}, group_), [=]() {
     at::Tensor h = host_view(in);
     if (me != root) {
       PYCOMM_MPI_CHECK(MPI_Gather(h.data_ptr(), count, MPI_BYTE, nullptr, count, MPI_BYTE, root, world));
@@ -618,6 +631,7 @@ WorkRef ProcessGroupPycomm::gather(std::vector<std::vector<at::Tensor>>& outputs
 
 WorkRef ProcessGroupPycomm::scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                                    const c10d::ScatterOptions& opts) {
+  bindings::SubmitScope submit;
   const at::Tensor& output = single(outputs, "scatter");
   buffer_of(output, "scatter");
   TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < size_, "pycomm backend: scatter root ", opts.rootRank,
@@ -645,7 +659,7 @@ WorkRef ProcessGroupPycomm::scatter(std::vector<at::Tensor>& outputs, std::vecto
   checked_count(bytes * static_cast<size_t>(size_), "scatter");
   MPI_Comm world = engine.topology().world;
   at::Tensor out = output;
-  auto work = engine.submit_custom(sig, "scatter", keep({output}), [=]() {
+  auto work = engine.submit_custom(sig, "scatter", keep({output}, group_), [=]() {
     at::Tensor h = out.is_cuda() ? at::empty(out.sizes(), out.options().device(at::kCPU)) : out;
     PYCOMM_MPI_CHECK(MPI_Scatter(all.defined() ? all.data_ptr() : nullptr, count, MPI_BYTE, h.data_ptr(), count,
                                  MPI_BYTE, root, world));

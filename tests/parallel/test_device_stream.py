@@ -277,3 +277,219 @@ def test_ddp_hook_on_device_buckets(mode, gloo):
         # differences here are below 1e-5 of the largest gradient entry; 1e-4 relative leaves margin.
         scale = float(want.abs().max()) or 1.0
         assert float((g.double() - want).abs().max()) <= 1e-4 * scale, f"{mode} grad {k}"
+
+
+# ---------------------------------------------------------------- compressed and c10d submits
+
+def _mode_options(mode):
+    return dict(force_staging=mode == "staging", force_device_direct=mode == "direct")
+
+
+def _same_as_host(got, want, compression, mode, what):
+    """Stand-ins run the CPU kernels in the host path's order: bitwise. CUDA: fp16/bf16 bitwise too (the
+    same rounding, sums widened to fp32 in the same ring order); onebit's scales may differ in the last
+    bit (float64 sums of squares in another order on the GPU; tests/unit/test_kernels_onebit.py's bound)."""
+    if mode != "cuda" or compression != "onebit":
+        assert torch.equal(got.cpu(), want.cpu()), what
+    else:
+        torch.testing.assert_close(got.cpu(), want.cpu(), rtol=1e-5, atol=1e-5, msg=what)
+
+
+def _stand_in_waits(before, after, ops, synchronized):
+    """The host stand-in's event counters, exactly: per operation the engine orders its lanes after the
+    ready event (one stream wait) and blocks on it (one host wait); wait() adds one stream wait (the
+    caller's stream after the done event), synchronize() one host wait instead."""
+    assert _delta(before, after, "event_stream_waits") == 2 * ops - synchronized
+    assert _delta(before, after, "event_host_waits") == ops + synchronized
+
+
+COMPRESSED_COUNTS = (1, 999, 30_011)
+
+
+@pytest.mark.parametrize("compression", ["fp16", "bf16", "onebit"])
+def test_compressed_submits_are_stream_ordered(mode, compression):
+    """pycomm.allreduce_async(compression=...) records a ready event at submit (no host block), the engine
+    waits on it and records a done event: ready_waits and done_events move by one per call (compressed
+    allreduces never fuse). wait() orders the caller's stream, synchronize() blocks the host. The
+    results equal the plain host path's on the same inputs."""
+    from pycomm.compression import OneBit
+
+    rank = pycomm.rank()
+    dev = _device(mode)
+    xs = [rank_data(rank, n, torch.float32, seed=800 + n) for n in COMPRESSED_COUNTS]
+    pycomm.set_options(**_host_options())
+    host_c = OneBit()
+    want = []
+    for i, x in enumerate(xs):
+        if compression == "onebit":
+            want.append(host_c.allreduce_async(x.clone(), name=f"cs.{i}").wait())
+        else:
+            want.append(pycomm.allreduce(x.clone(), compression=compression))
+    pycomm.set_options(**_mode_options(mode))
+    dev_c = OneBit()
+    before = pycomm.stats()
+    synchronized = 0
+    for i, x in enumerate(xs):
+        xd = x.to(dev, copy=True)  # in place: never the reference's input
+        if compression == "onebit":
+            h = dev_c.allreduce_async(xd, name=f"cs.{i}")
+        else:
+            h = pycomm.allreduce_async(xd, compression=compression)
+        if i % 2:
+            got = h.synchronize()
+            synchronized += 1
+        else:
+            got = h.wait()
+        assert got.device == dev
+        _same_as_host(got, want[i], compression, mode, f"{mode} {compression} [{xs[i].numel()}]")
+    # The blocking form (pycomm.allreduce) carries the events too.
+    y = pycomm.allreduce(xs[0].to(dev, copy=True), compression=compression) if compression != "onebit" else None
+    after = pycomm.stats()
+    calls = len(xs) + (y is not None)
+    assert _delta(before, after, "ready_waits") == calls
+    assert _delta(before, after, "done_events") == calls
+    if y is not None:
+        _same_as_host(y, want[0], compression, mode, f"{mode} {compression} blocking")
+    if mode != "cuda":
+        # pycomm.allreduce returns after the handle's wait().
+        _stand_in_waits(before, after, calls, synchronized)
+
+
+@pytest.mark.parametrize("compression", ["bf16", "onebit"])
+def test_compressed_submit_does_not_block_on_the_producer_stream(mode, compression):
+    """CUDA: the submit returns while the producer's kernel still runs; the engine waits for it, and the
+    result is the compressed allreduce of what the kernel wrote (the host path's on the same values)."""
+    from pycomm.compression import OneBit
+
+    rank = pycomm.rank()
+    dev = _device(mode)
+    n = 100_003
+    pycomm.set_options(**_host_options())
+    if compression == "onebit":
+        want = OneBit().allreduce_async(torch.full((n,), float(rank + 1)), op="sum", name="producer").wait()
+    else:
+        want = pycomm.allreduce(torch.full((n,), float(rank + 1)), op="sum", compression=compression)
+    pycomm.set_options(**_mode_options(mode))
+    x = torch.zeros(n, dtype=torch.float32, device=dev)
+    t0 = time.perf_counter()
+    if mode == "cuda":
+        torch.cuda._sleep(int(5e8))  # ~0.25-0.5 s of spinning on the current stream
+    x.fill_(float(rank + 1))  # queued behind the sleep
+    if compression == "onebit":
+        h = OneBit().allreduce_async(x, op="sum", name="producer")
+    else:
+        h = pycomm.allreduce_async(x, op="sum", compression=compression)
+    submit_s = time.perf_counter() - t0
+    y = h.wait() * 1.0  # on the current stream, after pycomm's done event
+    _same_as_host(y, want, compression, mode, f"{mode} {compression} behind the producer")
+    if mode == "cuda":
+        # The old submit synchronised the current stream (>= 0.25 s here); an event record takes microseconds.
+        assert submit_s < 0.1, f"compressed submit blocked the host for {submit_s:.3f} s"
+
+
+_BACKENDS = {}
+
+
+def _world_backend(compression):
+    """The torch.distributed backend object over the world engine (group 0), without a default process
+    group (this file's DDP test uses gloo for that): its submits count in pycomm.stats()."""
+    from mpi4py import MPI
+
+    if compression not in _BACKENDS:
+        p2p = MPI.COMM_WORLD.Dup()
+        pg = pycomm._C.ProcessGroupPycomm(pycomm.rank(), pycomm.size(), 0, p2p.py2f(), compression)
+        _BACKENDS[compression] = (pg, p2p)
+    return _BACKENDS[compression][0]
+
+
+def test_c10d_submits_are_stream_ordered(mode):
+    """The c10d backend records a ready event at every submit instead of synchronising the current
+    stream; the engine waits on it and records a done event; Work.wait() orders the caller's stream, and
+    the future completes as before. One ready wait and one done event per operation, exactly."""
+    import torch.distributed as dist
+    from torch._C import _distributed_c10d as c10d
+
+    rank, size = pycomm.rank(), pycomm.size()
+    dev = _device(mode)
+    plain, fp16, onebit = _world_backend(""), _world_backend("fp16"), _world_backend("onebit")
+    x = rank_data(rank, 10_007, torch.float32, seed=900)
+    pycomm.set_options(**_host_options())
+    want_fp16 = pycomm.allreduce(x.clone(), op="avg", compression="fp16")
+    from pycomm.compression import OneBit
+    want_onebit = OneBit().allreduce_async(x.clone(), op="sum", name="c10d").wait()  # fresh residuals, as a new site
+    pycomm.set_options(**_mode_options(mode))
+    onebit.reset_compression()
+    before = pycomm.stats()
+    ops = 0
+
+    t = x.to(dev, copy=True)
+    plain.allreduce([t], c10d.AllreduceOptions()).wait()
+    ops += 1
+    assert_close(t.cpu(), "sum", size, torch.float32, seed=900, what=f"{mode} c10d allreduce")
+
+    t = x.to(dev, copy=True)
+    opts = c10d.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.AVG
+    fp16.allreduce([t], opts).wait()
+    ops += 1
+    _same_as_host(t, want_fp16, "fp16", mode, f"{mode} c10d fp16")
+
+    t = x.to(dev, copy=True)
+    fut = onebit.allreduce([t], c10d.AllreduceOptions()).get_future()
+    got = fut.wait()[0]  # the future completes as before, with the tensor
+    ops += 1
+    assert got.data_ptr() == t.data_ptr()
+    _same_as_host(t, want_onebit, "onebit", mode, f"{mode} c10d onebit")
+    worker, server = next(iter(onebit.compression_state()["residuals"].values()))
+    assert worker.device == dev and server.device == dev, "the residuals stay on the tensor's device"
+
+    b = torch.full((33,), float(rank), device=dev)
+    bopts = c10d.BroadcastOptions()
+    bopts.rootRank = size - 1
+    plain.broadcast([b], bopts).wait()
+    ops += 1
+    assert torch.equal(b.cpu(), torch.full((33,), float(size - 1)))
+
+    g_in = torch.full((5,), float(rank), device=dev)
+    g_out = torch.empty(5 * size, device=dev)
+    plain._allgather_base(g_out, g_in, c10d.AllgatherOptions()).wait()
+    ops += 1
+    assert torch.equal(g_out.cpu(), torch.arange(size, dtype=torch.float32).repeat_interleave(5))
+
+    r = x.to(dev, copy=True)
+    ropts = c10d.ReduceOptions()
+    ropts.rootRank = 0
+    plain.reduce([r], ropts).wait()
+    ops += 1
+    if rank == 0:
+        assert_close(r.cpu(), "sum", size, torch.float32, seed=900, what=f"{mode} c10d reduce")
+
+    after = pycomm.stats()
+    assert _delta(before, after, "ready_waits") == ops
+    assert _delta(before, after, "done_events") == ops
+    if mode != "cuda":
+        # Work.wait() made the caller's stream wait on each done event except the future's op, whose
+        # wait orders the stream through torch's future instead.
+        assert _delta(before, after, "event_stream_waits") == 2 * ops - 1
+        assert _delta(before, after, "event_host_waits") == ops
+
+
+@pytest.mark.parametrize("compression", ["", "bf16"])
+def test_c10d_submit_does_not_block_on_the_producer_stream(mode, compression):
+    from torch._C import _distributed_c10d as c10d
+
+    rank, size = pycomm.rank(), pycomm.size()
+    dev = _device(mode)
+    pg = _world_backend(compression)
+    x = torch.zeros(100_003, dtype=torch.float32, device=dev)
+    t0 = time.perf_counter()
+    if mode == "cuda":
+        torch.cuda._sleep(int(5e8))
+    x.fill_(float(rank + 1))
+    work = pg.allreduce([x], c10d.AllreduceOptions())
+    submit_s = time.perf_counter() - t0
+    work.wait()
+    y = x * 1.0  # on the current stream, ordered after pycomm's done event
+    assert torch.equal(y.cpu(), torch.full((100_003,), float(size * (size + 1) // 2))), f"{mode} {compression!r}"
+    if mode == "cuda":
+        assert submit_s < 0.1, f"c10d submit blocked the host for {submit_s:.3f} s"
