@@ -26,11 +26,12 @@ def test_under_mpirun(path, np):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("np,ranks_per_node", [(4, 2), (4, 1), (3, 2), (2, 1)])
-def test_virtual_nodes(np, ranks_per_node):
+@pytest.mark.parametrize("file", ["test_hierarchical.py", "test_device_compression.py"])
+def test_virtual_nodes(file, np, ranks_per_node):
     """Multi-node code paths on one machine: 4 ranks as 2x2 and 4x1, 3 ranks as 2+1, 2 ranks as 2x1."""
     if np not in WORLD_SIZES:
         pytest.skip(f"world size {np} not selected by PYCOMM_TEST_WORLD_SIZES")
-    path = os.path.join("tests", "parallel", "test_hierarchical.py")
+    path = os.path.join("tests", "parallel", file)
     rc, out = run_pytest_under_mpi(np, path, env={"PYCOMM_RANKS_PER_NODE": str(ranks_per_node)})
     if rc != 0:
         pytest.fail(f"{path} failed at {np} ranks, {ranks_per_node} per node (exit {rc}):\n{out[-12000:]}",

@@ -35,7 +35,7 @@ void* current_stream(int device);
 // submission's ready event, set for this thread's next engine call: recorded on torch's current
 // stream of the tensors' CUDA device (ValueError if they are on several); the host stand-in's event
 // for host tensors while `engine` runs force_staging / force_device_direct; none otherwise (comm.cpp).
-std::shared_ptr<void> keep(std::vector<at::Tensor> tensors, comm::Engine& engine);
+std::shared_ptr<std::vector<at::Tensor>> keep(std::vector<at::Tensor> tensors, comm::Engine& engine);
 // Clears the thread's submit event when a submission ends: one whose engine call threw before
 // queueing must not leave its event to the next submission from this thread.
 struct SubmitScope {

@@ -183,7 +183,7 @@ class Handle {
 // under the device stand-ins (force_staging / force_device_direct) get the
 // stand-in's event, so the same control flow runs on CPU machines; other host
 // tensors get none.
-std::shared_ptr<void> keep(std::vector<at::Tensor> tensors, comm::Engine& engine) {
+std::shared_ptr<std::vector<at::Tensor>> keep(std::vector<at::Tensor> tensors, comm::Engine& engine) {
   comm::EventPtr ready;
   for (const auto& t : tensors) {
     if (!t.defined()) continue;

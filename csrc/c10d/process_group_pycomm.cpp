@@ -100,9 +100,16 @@ int checked_count(size_t bytes, const char* op) {
 // (bindings::keep, device_event.h): recorded on torch's current stream, which produced the tensors;
 // the engine waits on it before it touches them, and the caller's thread goes on (no host block).
 // Every op that calls it holds a bindings::SubmitScope around its engine call.
-std::shared_ptr<void> keep(std::vector<at::Tensor> tensors, int64_t group) {
+using Kept = std::shared_ptr<std::vector<at::Tensor>>;
+Kept keep(std::vector<at::Tensor> tensors, int64_t group) {
   return bindings::keep(std::move(tensors), bindings::engine_of(group));
 }
+// What the body of a submit_custom op holds of its tensors: a weak reference to the Work's
+// keepalive, which lives until the operation has run and is dropped outside the engine's lock. The
+// engine destroys a finished op (its body) under that lock, and dropping a tensor that has a Python
+// object there takes the GIL -- while a Python thread holding the GIL waits for the lock
+// (pycomm.stats(), set_options): a deadlock. The body locks it for the time it runs.
+using KeptRef = std::weak_ptr<std::vector<at::Tensor>>;
 
 comm::Signature signature(comm::Collective kind, const at::Tensor& t, const char* op) {
   comm::Signature s;
@@ -571,9 +578,11 @@ WorkRef ProcessGroupPycomm::reduce(std::vector<at::Tensor>& tensors, const c10d:
   const int count = checked_count(b.count, "reduce");
   const int root = static_cast<int>(opts.rootRank), me = rank_, n = size_;
   MPI_Comm world = engine.topology().world;
-  at::Tensor tensor = t;
-  auto work = engine.submit_custom(sig, "reduce", keep({t}, group_), [=]() mutable {
+  Kept kept = keep({t}, group_);
+  KeptRef ref = kept;
+  auto work = engine.submit_custom(sig, "reduce", kept, [=]() {
     // MPI_Reduce through MPI's (or pycomm's fp16/bf16) ops; device data via a host copy.
+    const at::Tensor tensor = ref.lock()->at(0);
     at::Tensor h = host_view(tensor);
     const comm::DType dt = b.dtype;
     if (me == root) PYCOMM_MPI_CHECK(MPI_Reduce(MPI_IN_PLACE, h.data_ptr(), count, comm::mpi_datatype(dt),
@@ -615,8 +624,13 @@ WorkRef ProcessGroupPycomm::gather(std::vector<std::vector<at::Tensor>>& outputs
   checked_count(bytes * static_cast<size_t>(size_), "gather");
   const int me = rank_, n = size_;
   MPI_Comm world = engine.topology().world;
-  at::Tensor in = input;
-  auto work = engine.submit_custom(sig, "gather", keep({input}, group_), [=]() {
+  std::vector<at::Tensor> tensors{input};
+  tensors.insert(tensors.end(), outs.begin(), outs.end());  // the root's outputs after the input
+  Kept kept = keep(std::move(tensors), group_);
+  KeptRef ref = kept;
+  auto work = engine.submit_custom(sig, "gather", kept, [=]() {
+    const Kept k = ref.lock();
+    const at::Tensor& in = (*k)[0];
     at::Tensor h = host_view(in);
     if (me != root) {
       PYCOMM_MPI_CHECK(MPI_Gather(h.data_ptr(), count, MPI_BYTE, nullptr, count, MPI_BYTE, root, world));
@@ -624,7 +638,10 @@ WorkRef ProcessGroupPycomm::gather(std::vector<std::vector<at::Tensor>>& outputs
     }
     at::Tensor all = at::empty({static_cast<int64_t>(n) * in.numel()}, h.options());
     PYCOMM_MPI_CHECK(MPI_Gather(h.data_ptr(), count, MPI_BYTE, all.data_ptr(), count, MPI_BYTE, root, world));
-    for (int i = 0; i < n; ++i) outs[i].copy_(all.narrow(0, i * in.numel(), in.numel()).view(outs[i].sizes()));
+    for (int i = 0; i < n; ++i) {
+      at::Tensor& o = (*k)[1 + i];
+      o.copy_(all.narrow(0, i * in.numel(), in.numel()).view(o.sizes()));
+    }
   }, false);
   return complete(rank_, OpType::GATHER, group_, work, outs);
 }
@@ -658,8 +675,12 @@ WorkRef ProcessGroupPycomm::scatter(std::vector<at::Tensor>& outputs, std::vecto
   const int count = checked_count(bytes, "scatter");
   checked_count(bytes * static_cast<size_t>(size_), "scatter");
   MPI_Comm world = engine.topology().world;
-  at::Tensor out = output;
-  auto work = engine.submit_custom(sig, "scatter", keep({output}, group_), [=]() {
+  Kept kept = keep({output, all}, group_);
+  KeptRef ref = kept;
+  auto work = engine.submit_custom(sig, "scatter", kept, [=]() {
+    const Kept k = ref.lock();
+    const at::Tensor& out = (*k)[0];
+    const at::Tensor& all = (*k)[1];  // the root's inputs, undefined elsewhere
     at::Tensor h = out.is_cuda() ? at::empty(out.sizes(), out.options().device(at::kCPU)) : out;
     PYCOMM_MPI_CHECK(MPI_Scatter(all.defined() ? all.data_ptr() : nullptr, count, MPI_BYTE, h.data_ptr(), count,
                                  MPI_BYTE, root, world));

@@ -105,8 +105,41 @@ const char* half_input_problem(DType half, bool average) {
                               : "inf or NaN";
 }
 
+int any_rank(int flag, MPI_Comm comm) {
+  int any = flag;
+  PYCOMM_MPI_CHECK(MPI_Allreduce(&flag, &any, 1, MPI_INT, MPI_MAX, comm));
+  return any;
+}
+
+void throw_node_sum_overflow(const CompressedArgs& a) {
+  throw CommError("pycomm.allreduce(compression='onebit')" + (a.name.empty() ? std::string() : " of '" + a.name + "'") +
+                  ": the sum of a node's inputs overflowed float32; nothing was reduced and no output or "
+                  "residual was changed.");
+}
+
+void throw_half_overflow(const CompressedArgs& a, DType half) {
+  if (half == DType::F16) throw_fp16_overflow(a);
+  throw CommError("pycomm.allreduce(compression='bf16')" + (a.name.empty() ? std::string() : " of '" + a.name + "'") +
+                  ": the sum overflowed bfloat16; nothing was written.");
+}
+
+NodeSlice node_slice(const CompressedArgs& a, const Topology& topo, CompressedStats* stats) {
+  NodeSlice s;
+  s.L = topo.local_size;
+  s.me = topo.local_rank;
+  PYCOMM_MPI_CHECK(MPI_Comm_size(topo.cross, &s.M));
+  PYCOMM_MPI_CHECK(MPI_Comm_rank(topo.cross, &s.cross_rank));
+  const size_t n = a.input.count;
+  s.begin = part_begin(n, s.L, s.me);
+  s.len = part_size(n, s.L, s.me);
+  stats->wire_bytes = compressed_wire_bytes(a.compression, s.len, s.M, s.cross_rank);
+  stats->fp32_ring_bytes = ring_wire_bytes(n, 4, topo.size, topo.rank);
+  return s;
+}
+
 }  // namespace compressed_detail
 using compressed_detail::agree_finite;
+using compressed_detail::any_rank;
 using compressed_detail::throw_fp16_overflow;
 
 namespace {
@@ -146,13 +179,6 @@ int half_has_nonfinite(const void* h, size_t n, DType half) {
   for (size_t i = 0; i < n; ++i)
     if ((v[i] & exp) == exp) return 1;
   return 0;
-}
-
-// The same flag on every rank of `comm`: any rank's.
-int any_rank(int flag, MPI_Comm comm) {
-  int any = flag;
-  PYCOMM_MPI_CHECK(MPI_Allreduce(&flag, &any, 1, MPI_INT, MPI_MAX, comm));
-  return any;
 }
 
 void check_int(size_t bytes, const char* what) {
@@ -303,13 +329,9 @@ void onebit_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, Compres
 void hierarchical_compressed_allreduce(const CompressedArgs& a, const Topology& topo, ShmWindow& shm,
                                        size_t ring_chunk_bytes, CompressedStats* stats) {
   const size_t n = a.input.count;
-  const int L = shm.size(), me = shm.rank();
-  int M = 1, cross_rank = 0;
-  PYCOMM_MPI_CHECK(MPI_Comm_size(topo.cross, &M));
-  PYCOMM_MPI_CHECK(MPI_Comm_rank(topo.cross, &cross_rank));
-  const size_t begin = part_begin(n, L, me), len = part_size(n, L, me);
-  stats->wire_bytes = compressed_wire_bytes(a.compression, len, M, cross_rank);
-  stats->fp32_ring_bytes = ring_wire_bytes(n, 4, topo.size, topo.rank);
+  const compressed_detail::NodeSlice slice = compressed_detail::node_slice(a, topo, stats);
+  const int M = slice.M;
+  const size_t begin = slice.begin, len = slice.len;
   if (n == 0) return;
   const uint8_t* mask = static_cast<const uint8_t*>(a.mask.data);
   // 1. Inputs, checked on every rank so that the error names the ranks that passed inf/NaN.
@@ -326,10 +348,7 @@ void hierarchical_compressed_allreduce(const CompressedArgs& a, const Topology& 
   //    whether any slice overflowed before any output or residual is written.
   if (a.compression == Compression::ONEBIT) {
     const uint8_t* slice_mask = mask ? mask + begin : nullptr;
-    if (any_rank(has_nonfinite(shard, slice_mask, len), topo.world))
-      throw CommError("pycomm.allreduce(compression='onebit')" + (a.name.empty() ? std::string() : " of '" + a.name + "'") +
-                      ": the sum of a node's inputs overflowed float32; nothing was reduced and no output or "
-                      "residual was changed.");
+    if (any_rank(has_nonfinite(shard, slice_mask, len), topo.world)) compressed_detail::throw_node_sum_overflow(a);
     CompressedArgs c = a;
     c.input.data = c.output.data = shard;
     c.input.count = c.output.count = len;
@@ -351,11 +370,7 @@ void hierarchical_compressed_allreduce(const CompressedArgs& a, const Topology& 
     hb.dtype = half;
     if (M > 1 && len) ring_allreduce(hb, ReduceOp::SUM, topo.cross, ring_chunk_bytes);
     overflow |= half_has_nonfinite(h, len, half);
-    if (any_rank(overflow, topo.world)) {
-      if (half == DType::F16) throw_fp16_overflow(a);
-      throw CommError("pycomm.allreduce(compression='bf16')" + (a.name.empty() ? std::string() : " of '" + a.name + "'") +
-                      ": the sum overflowed bfloat16; nothing was written.");
-    }
+    if (any_rank(overflow, topo.world)) compressed_detail::throw_half_overflow(a, half);
     kernels::cast_to_float_cpu(h, shard, len, half, 1.0f);
   }
   // 4. Every slice out of the window, into every rank's output.
@@ -413,7 +428,7 @@ WorkPtr Engine::compressed_allreduce(const CompressedArgs& args, std::shared_ptr
   // Across nodes of equal size with several ranks each, only the cross-node
   // stage is compressed (hierarchical form); otherwise the flat form over all ranks.
   // Device memory (and host memory forced onto a device path) takes the
-  // device form, whose kernels run on the tensor's memory.
+  // device forms of both, whose kernels run on the tensor's memory.
   const bool across_nodes = topo_.num_nodes > 1 && homogeneous_ && topo_.local_size > 1;
   return submit_custom(sig, "allreduce " + tag + " " + args.name, std::move(keepalive), [this, args, across_nodes] {
     CompressedStats st;
@@ -429,7 +444,10 @@ WorkPtr Engine::compressed_allreduce(const CompressedArgs& args, std::shared_ptr
       MemoryMover& mover = mover_for(args.input);
       DeviceWire wire{mover,   direct, *staging_, active_.staging_chunk_bytes, active_.ring_chunk_bytes,
                       this,    mover.cache_limit()};
-      device_compressed_allreduce(args, topo_.world, ops, wire, &st);
+      if (across_nodes)  // staged: the node's float32 sum in the host window
+        device_hierarchical_compressed_allreduce(args, topo_, ops, wire, direct ? nullptr : &shm(), &st);
+      else
+        device_compressed_allreduce(args, topo_.world, ops, wire, &st);
     } else if (across_nodes)
       hierarchical_compressed_allreduce(args, topo_, shm(), active_.ring_chunk_bytes, &st);
     else if (args.compression == Compression::ONEBIT)

@@ -110,9 +110,7 @@ void hierarchical_compressed_allreduce(const CompressedArgs& args, const Topolog
 // only compressed bytes crossing MPI, bitwise the host form's result when
 // `ops` runs the CPU kernels (host stand-ins) and, for fp16/bf16 staged, the
 // half buffer fits one staging chunk (more chunks run one ring per chunk:
-// the same sums, added in another order on some elements). Jobs across
-// nodes run this flat form on device memory too (no host window to hold the
-// node's sum), compressing every byte that crosses the network.
+// the same sums, added in another order on some elements).
 class MemoryMover;
 struct StagingBuffers;
 class DeviceOps;
@@ -128,12 +126,42 @@ struct DeviceWire {
 void device_compressed_allreduce(const CompressedArgs& args, MPI_Comm comm, DeviceOps& ops, const DeviceWire& wire,
                                  CompressedStats* stats);
 
+// The hierarchical form on device memory, where the host form runs it (nodes of
+// equal size with several ranks each): the node's float32 sum uncompressed, the
+// wire format (device kernels) only across nodes, the same slices, weights,
+// residual shapes, checks and wire bytes as hierarchical_compressed_allreduce,
+// whose result it equals bitwise when `ops` runs the CPU kernels (fp16/bf16
+// staged: when the slice's half buffer fits one staging chunk, or with two nodes,
+// where each cross-node sum is one commutative addition). The node stages:
+//   direct (wire.direct, CUDA-aware MPI): point-to-point on device buffers over
+//     topo.local, reductions on the device (the mover's reduce);
+//   staged: through the host window `shm` (the host form's float32 sum), the
+//     tensor moved down and the result up in pinned staging chunks.
+// The schedule and bytes are in device_compressed_allreduce.cpp.
+void device_hierarchical_compressed_allreduce(const CompressedArgs& args, const Topology& topo, DeviceOps& ops,
+                                              const DeviceWire& wire, ShmWindow* shm, CompressedStats* stats);
+
 namespace compressed_detail {  // shared by the host and device forms (compressed_allreduce.cpp)
 // Every rank learns which ranks flagged bad input; all throw the same CommError if any did.
 void agree_finite(int bad, MPI_Comm comm, int size, const CompressedArgs& a, const char* detail);
 [[noreturn]] void throw_fp16_overflow(const CompressedArgs& a);
 // What a flagged input of a half cast means, for agree_finite.
 const char* half_input_problem(DType half, bool average);
+// The same flag on every rank of `comm`: any rank's.
+int any_rank(int flag, MPI_Comm comm);
+// The hierarchical forms' errors once the node sums are made: a onebit node sum
+// beyond float32, a half cross-node sum beyond its range (nothing written).
+[[noreturn]] void throw_node_sum_overflow(const CompressedArgs& a);
+[[noreturn]] void throw_half_overflow(const CompressedArgs& a, DType half);
+// This rank's part in the hierarchical form: local rank `me` of L owns slice
+// [begin, begin + len) of the n elements (part_begin / part_size), reduced
+// among the M ranks of its cross communicator, where it is `cross_rank`. Also
+// fills the call's wire bytes (the cross-node bytes).
+struct NodeSlice {
+  int L = 1, me = 0, M = 1, cross_rank = 0;
+  size_t begin = 0, len = 0;
+};
+NodeSlice node_slice(const CompressedArgs& a, const Topology& topo, CompressedStats* stats);
 }  // namespace compressed_detail
 
 }  // namespace comm

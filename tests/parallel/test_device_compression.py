@@ -8,6 +8,12 @@ Here host tensors stand in for device memory (force_staging / force_device_direc
 CPU kernels, the host mover); on a machine with a GPU the same tests also run on CUDA tensors
 (the CUDA kernels). Every result is compared with the plain host compressed path of the same
 inputs, value by value.
+
+tests/test_parallel.py also runs this file on virtual nodes (PYCOMM_RANKS_PER_NODE): 4 ranks as 2x2
+and 4x1, 3 ranks as 2+1, 2 ranks as 2x1. Across nodes of equal size with several ranks each (2x2)
+the host path runs the hierarchical form, and so do both device paths
+(device_hierarchical_compressed_allreduce); elsewhere both run the flat form. Every comparison with
+the host path above then compares like with like.
 """
 import contextlib
 import io
@@ -20,6 +26,7 @@ import pycomm
 import pycomm.compression
 from pycomm import _C
 from pycomm.compression import OneBit
+from compression_ref import layout
 from refdata import rank_data
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -53,6 +60,31 @@ def skip_unless_applies(path, device):
     if not direct_applies(path, device):
         pytest.skip("this MPI cannot read device memory: the direct path's refusal is "
                     "test_cuda_combinations_that_cannot_apply")
+
+
+def hierarchical_form(topo):
+    """The choice rule of the host path, which the device paths follow: nodes of equal size with several
+    ranks each."""
+    return topo.num_nodes > 1 and topo.homogeneous and topo.local_size > 1
+
+
+def expected_wire_bytes(compression, count, topo):
+    """Bytes this rank sends between ranks: the hierarchical form sends only its slice's compressed
+    bytes among the M ranks of its cross communicator; the flat form sends over all N ranks."""
+    if hierarchical_form(topo):
+        L, l = topo.local_size, topo.local_rank
+        begin, end = (j * (count // L) + min(j, count % L) for j in (l, l + 1))
+        return _C.compressed_wire_bytes(compression, end - begin, topo.num_nodes, pycomm.cross_comm().rank)
+    return _C.compressed_wire_bytes(compression, count, topo.size, topo.rank)
+
+
+def half_sums_alike(path, staging_chunk_bytes, count, topo):
+    """Whether the device path adds the fp16/bf16 terms in the host path's order: always direct (the
+    same ring over the whole half buffer); staged when each slice's half buffer fits one staging chunk
+    (else one ring per chunk), or when the ring has two ranks (one addition, commutative)."""
+    ring = topo.num_nodes if hierarchical_form(topo) else topo.size
+    elems = -(-count // topo.local_size) if hierarchical_form(topo) else count
+    return path == "direct" or ring <= 2 or 2 * elems <= staging_chunk_bytes
 
 
 def bitwise(device):
@@ -132,14 +164,13 @@ def assert_same(a, b, device, what):
 @pytest.mark.parametrize("masked", [False, True])
 def test_onebit_matches_the_host_path(masked, path, device):
     skip_unless_applies(path, device)
-    size = pycomm.size()
     host, dev = OneBit(), OneBit()
     want, want_wire = onebit_steps(host, None, None, COUNTS, 3, mask=masked)
     got, got_wire = onebit_steps(dev, device, path, COUNTS, 3, mask=masked)
     for i, (a, b) in enumerate(zip(want, got)):
         assert_same(b, a, device, f"onebit {path} {device} call {i}")
     assert got_wire == want_wire
-    assert got_wire[-1] == _C.compressed_wire_bytes("onebit", COUNTS[-1], size, pycomm.rank())
+    assert got_wire[-1] == expected_wire_bytes("onebit", COUNTS[-1], pycomm.topology())
     for count in COUNTS:
         (hw, hs), (dw, ds) = host.residuals(f"t{count}"), dev.residuals(f"t{count}")
         assert dw.device.type == device and ds.device.type == device, "residuals stay on the tensor's device"
@@ -258,3 +289,101 @@ def test_cuda_combinations_that_cannot_apply():
         with device_path("direct", "cuda"):
             with pytest.raises(pycomm.CommError, match="force_device_direct.*cannot read device memory"):
                 pycomm.allreduce(x, compression="bf16")
+
+
+# ---------------------------------------------------------------- across nodes
+
+@pytest.mark.parametrize("device", DEVICES)
+# staged with 4 KiB chunks: the node stage's copies and the cross-node ring in many pieces
+@pytest.mark.parametrize("path,staging_chunk_bytes", [("staged", 1 << 20), ("staged", 4096), ("direct", 1 << 20)])
+def test_the_device_paths_take_the_host_form(path, staging_chunk_bytes, device):
+    """Across nodes (2x2) the device paths run the hierarchical form like the host path: the wire bytes
+    (the cross-node stage's only) show which form ran, and the results and residuals equal the host
+    form's. Bitwise on the stand-ins for all three (the same CPU kernels; the node's float32 sum in the
+    window's order on both device paths; at 2x2 each cross-node sum has two terms, so even the staged
+    ring cut into 4 KiB chunks adds them alike) and on CUDA for fp16/bf16; CUDA onebit within
+    assert_same's bound; the staged flat form over 3-4 ranks in 4 KiB chunks within a measured bound. 4x1, 2x1, 2+1 and one node: the flat form on every path (2+1: nodes of unequal
+    size, as the host path chooses)."""
+    skip_unless_applies(path, device)
+    topo = pycomm.topology()
+    rank = topo.rank
+    for compression in ("fp16", "bf16", "onebit"):
+        host_c, dev_c = OneBit(), OneBit()
+        for step, count in enumerate(COUNTS * 2):  # twice: the onebit residuals of the first round feed the second
+            x = rank_data(rank, count, torch.float32, seed=1000 + 31 * step + count)
+            op = "avg" if step % 2 == 0 else "sum"
+            name = f"form.{count}"
+            if compression == "onebit":
+                host = host_c.allreduce_async(x.clone(), op=op, name=name)
+            else:
+                host = pycomm.allreduce_async(x.clone(), op=op, compression=compression)
+            want = host.wait()
+            with device_path(path, device, staging_chunk_bytes=staging_chunk_bytes):
+                if compression == "onebit":
+                    h = dev_c.allreduce_async(on(device, x), op=op, name=name)
+                else:
+                    h = pycomm.allreduce_async(on(device, x), op=op, compression=compression)
+                got = h.wait()
+            what = f"{compression} {op} {path} {device} [{count}] step {step}"
+            assert host.wire_bytes == expected_wire_bytes(compression, count, topo), what
+            assert h.wire_bytes == host.wire_bytes, f"{what}: the device path took another form"
+            if compression == "onebit":
+                assert_same(got, want, device, what)
+            elif half_sums_alike(path, staging_chunk_bytes, count, topo):
+                assert torch.equal(got.cpu(), want), what  # bitwise on CUDA too (see bitwise())
+            else:
+                # The staged ring of the flat form over 3-4 ranks, cut into 4 KiB chunks: one ring per
+                # chunk, the same terms added in another order. Tolerance: twice the bound of each result
+                # against the exact one (hops + casts, as test_hierarchical.py), 2 (R+1) eps sum_k |w x_k|
+                # for R ranks in the ring; measured spread at most 3.8 eps sum_k |w x_k| at 4 ranks and
+                # 3.1 at 3 (fp16 and bf16, counts 1001-200003, 3 seeds each), against 10 and 8 allowed.
+                eps = 2.0 ** -11 if compression == "fp16" else 2.0 ** -8
+                w = 1.0 / topo.size if op == "avg" else 1.0
+                mag = sum(rank_data(r, count, torch.float32, seed=1000 + 31 * step + count).double().abs() * w
+                          for r in range(topo.size))
+                ring = topo.num_nodes if hierarchical_form(topo) else topo.size
+                diff = (got.cpu().double() - want.double()).abs()
+                assert bool(torch.all(diff <= 2 * (ring + 1) * eps * mag)), what
+        for count in COUNTS if compression == "onebit" else ():
+            (hw, hs), (dw, ds) = host_c.residuals(f"form.{count}"), dev_c.residuals(f"form.{count}")
+            assert dw.shape == (count,) and ds.shape == (layout(count, topo.size)[1],), \
+                "the residuals keep the flat layout's shapes"
+            assert dw.device.type == device and ds.device.type == device
+            assert_same(dw, hw, device, f"{path} worker residual [{count}]")
+            assert_same(ds, hs, device, f"{path} server residual [{count}]")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("path", [None] + PATHS)
+def test_node_sums_out_of_range_across_nodes(path, device):
+    """The hierarchical form sums each node in float32 before compressing: a node sum beyond float32
+    (onebit) or a cross-node sum beyond the half format is reported on every rank, on the host path
+    and on both device paths alike, before any output or residual is written."""
+    topo = pycomm.topology()
+    if not hierarchical_form(topo):
+        pytest.skip("the node sums exist in the hierarchical form only (nodes of equal size, several ranks each)")
+    if path is None and device == "cuda":
+        pytest.skip("path None is the host path, on host tensors")
+    if path:
+        skip_unless_applies(path, device)
+    dev = device if path else "cpu"
+    c = OneBit()
+    ctx = device_path(path, device) if path else contextlib.nullcontext()
+    with ctx:
+        c.allreduce_async(on(dev, torch.ones(1001)), op="sum", name="big").wait()
+        before = [t.clone() for t in c.residuals("big")]
+        # Every input is finite (and fits the half format); two of them on one node are not.
+        cases = (("onebit", 2e38, "the sum of a node's inputs overflowed float32"),
+                 ("bf16", 2e38, "the sum overflowed bfloat16; nothing was written"),
+                 ("fp16", 40000.0, "the sum overflowed float16; nothing was written"))
+        for compression, value, message in cases:
+            x = on(dev, torch.full((1001,), value))
+            out = on(dev, torch.zeros(1001))
+            with pytest.raises(pycomm.CommError, match=message):
+                if compression == "onebit":
+                    c.allreduce_async(x, op="sum", name="big", out=out).wait()
+                else:
+                    pycomm.allreduce(x, op="sum", compression=compression, out=out)
+            assert torch.all(out == 0), f"{compression}: nothing may be written"
+        for a, b in zip(before, c.residuals("big")):
+            assert torch.equal(a, b), "no residual may change"

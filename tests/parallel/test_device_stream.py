@@ -493,3 +493,35 @@ def test_c10d_submit_does_not_block_on_the_producer_stream(mode, compression):
     assert torch.equal(y.cpu(), torch.full((100_003,), float(size * (size + 1) // 2))), f"{mode} {compression!r}"
     if mode == "cuda":
         assert submit_s < 0.1, f"c10d submit blocked the host for {submit_s:.3f} s"
+
+
+def test_c10d_bodies_do_not_own_their_tensors(mode):
+    """reduce, gather and scatter run a body of their own on the engine thread. Their tensors belong to
+    the operation's keepalive, dropped after it outside the engine's lock: an op body owning them was
+    destroyed under that lock, and dropping a tensor with a Python object takes the GIL, while
+    pycomm.stats() here holds the GIL and waits for the lock (a deadlock seen in this file before)."""
+    from torch._C import _distributed_c10d as c10d
+
+    rank, size = pycomm.rank(), pycomm.size()
+    dev = _device(mode)
+    plain = _world_backend("")
+    for i in range(20):
+        r = torch.full((7,), float(rank + i), device=dev)
+        ropts = c10d.ReduceOptions()
+        ropts.rootRank = i % size
+        plain.reduce([r], ropts).wait()
+        pycomm.stats()
+        if rank == i % size:
+            assert torch.equal(r.cpu(), torch.full((7,), float(sum(range(size)) + size * i)))
+        g_in = torch.full((3,), float(rank), device=dev)
+        outs = [[torch.empty(3, device=dev) for _ in range(size)]] if rank == 0 else []
+        plain.gather(outs, [g_in], c10d.GatherOptions()).wait()
+        pycomm.stats()
+        if rank == 0:
+            for j, o in enumerate(outs[0]):
+                assert torch.equal(o.cpu(), torch.full((3,), float(j)))
+        s_out = torch.empty(4, device=dev)
+        ins = [[torch.full((4,), float(j + i), device=dev) for j in range(size)]] if rank == 0 else []
+        plain.scatter([s_out], ins, c10d.ScatterOptions()).wait()
+        pycomm.stats()
+        assert torch.equal(s_out.cpu(), torch.full((4,), float(rank + i)))
