@@ -33,8 +33,9 @@ stream-ordered: the engine waits on an event recorded on the backward
 stream (no host block in the hook), and the future (created with the
 bucket's device) completes on a pycomm side stream ordered after the
 engine's device work, so DDP's stream waits for it on the device. A bucket
-that is compressed still travels through a host copy, because the
-compressors take host tensors (pycomm.compression).
+that is compressed stays on the device too: the engine runs the fp16/bf16
+casts and the 1-bit compression with error feedback on the device, and the
+residuals stay there (pycomm.compression).
 """
 import queue
 import threading
