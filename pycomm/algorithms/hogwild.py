@@ -7,8 +7,9 @@ then points its parameters' storage at that memory. Each rank's local
 optimizer updates the shared parameters in place, without locks and without
 any message: w <- w - eta g_k lands in the one model all ranks read. Updates
 of different ranks to the same element may race (Hogwild's premise: sparse
-updates rarely collide); updates to disjoint elements all land. Optimizer
-state (e.g. momentum) stays per rank. One node only.
+updates rarely collide); updates to disjoint elements all land: a step adds
+only the elements it changed (see step). Optimizer state (e.g. momentum)
+stays per rank. One node only.
 """
 from __future__ import annotations
 
@@ -68,7 +69,25 @@ class Hogwild(Algorithm):
         self._flat = flat
 
     def step(self) -> None:
-        self.local_optimizer.step()  # in place on the shared memory, no lock
+        # The local optimizer steps a private copy; only the elements it changed are then added to the
+        # shared model, as deltas (w_e <- w_e + (w'_e - w_e) for the e it touched, Hogwild's component-wise
+        # update). A dense in-place step would also write back every untouched element, and such a write
+        # can undo another rank's update to it that landed between the read and the write: the updates
+        # of disjoint elements were then lost now and then (seen in test_hogwild_updates_of_every_rank_land).
+        with torch.no_grad():
+            snapshots = [p.data.clone() for p in self.params]
+            shared = [p.data for p in self.params]
+            for p, snap in zip(self.params, snapshots):
+                p.data = snap.clone()
+        try:
+            self.local_optimizer.step()
+        finally:
+            with torch.no_grad():
+                for p, snap, mem in zip(self.params, snapshots, shared):
+                    delta = p.data - snap
+                    touched = delta != 0
+                    mem[touched] += delta[touched]
+                    p.data = mem  # the parameter lives in the shared window again
         self.steps += 1
 
     def sync(self) -> None:
