@@ -111,6 +111,16 @@ void* current_stream(int device) {
 
 namespace {
 
+// The caller waits for `work`, so allreduces queued behind it are not held back for a fusion cycle
+// (as the c10d backend's wait() does): the last partial batch of a step runs at once.
+void flush_before_waiting(const comm::Work& work, int64_t group) {
+  if (group < 0 || work.done()) return;
+  try {
+    engine_of(group).flush();
+  } catch (const comm::CommError&) {  // the engine is gone: wait() reports the operation's own error
+  }
+}
+
 // What Python holds for an asynchronous collective. The tensors stay alive in
 // the Work's keepalive until the engine is done with them, even if the handle
 // is dropped unwaited.
@@ -132,18 +142,11 @@ class Handle {
   // Stream order (device_event.h): once the engine has finished the operation, the caller's current
   // stream waits for pycomm's device work; the host does not wait for the device.
   at::Tensor wait() {
-    // The caller waits, so allreduces queued behind this one are not held back for a fusion
-    // cycle (as the c10d backend's wait() does): the last partial batch of a step runs at once.
-    if (group_ >= 0 && !work_->done()) {
-      try {
-        engine_of(group_).flush();
-      } catch (const comm::CommError&) {  // the engine is gone: wait() reports the operation's own error
-      }
-    }
+    flush_before_waiting(*work_, group_);
     {
       py::gil_scoped_release release;
       work_->wait();
-      if (comm::EventPtr done = work_->done_event()) done->order_stream(current_stream(done->device()));
+      order_current_stream(work_->done_event());
     }
     return result();
   }
@@ -250,12 +253,7 @@ class GroupHandle {
     std::exception_ptr first;
     for (const comm::WorkPtr& w : works_) {
       // A group above the fusion limits runs in several batches: each is flushed as the caller reaches it.
-      if (!w->done()) {
-        try {
-          engine_of(group_).flush();
-        } catch (const comm::CommError&) {  // the engine is gone: wait() reports the operation's own error
-        }
-      }
+      flush_before_waiting(*w, group_);
       try {
         w->wait();
       } catch (...) {
@@ -264,7 +262,7 @@ class GroupHandle {
       }
       if (comm::EventPtr e = w->done_event()) {
         if (block_host) e->synchronize();
-        else e->order_stream(current_stream(e->device()));
+        else order_current_stream(e);
       }
     }
     if (first) std::rethrow_exception(first);
