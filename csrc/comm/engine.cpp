@@ -35,6 +35,33 @@ const char* algorithm_phase(Algorithm a) {
     default: return "ALLREDUCE";
   }
 }
+// The batch rule, for the worker's queue and for a blocking group run inline: the
+// head, then the compatible allreduces after it, up to the fusion threshold in bytes
+// and kMaxFusedOps tensors (one, without fusion). Appends them to *batch, or with
+// batch null only looks. Returns whether the batch could still grow, i.e. all of
+// [first, last) joined and neither limit is reached: what the head waits for
+// during its fusion cycle.
+// Whether a batch headed by `head` fuses: fusion on, and an allreduce under the threshold.
+template <class Op>
+bool fuses(const EngineOptions& o, const Op& head) {
+  return o.fusion_threshold_bytes > 0 && o.cycle_time_ms > 0 && head.fusable &&
+         head.allreduce.input.bytes() <= o.fusion_threshold_bytes;
+}
+
+template <class It, class Compatible, class Batch>
+bool take_batch(It first, It last, bool fusion, size_t threshold, const Compatible& compatible, Batch* batch) {
+  size_t bytes = 0, n = 0;
+  for (It it = first; it != last; ++it) {
+    if (n == (fusion ? kMaxFusedOps : 1)) return false;
+    if (it != first && !(fusion && compatible(*first, *it))) return false;
+    const size_t b = it->fusable ? it->allreduce.input.bytes() : 0;
+    if (it != first && bytes + b > threshold) return false;
+    bytes += b;
+    ++n;
+    if (batch) batch->push_back(&*it);
+  }
+  return fusion && bytes < threshold && n < kMaxFusedOps;
+}
 }  // namespace
 
 const char* algorithm_name(Algorithm a) {
@@ -250,29 +277,19 @@ void Engine::loop() {
     busy_ = true;
     active_ = options_;
 
-    const bool fusion = active_.fusion_threshold_bytes > 0 && active_.cycle_time_ms > 0 && queue_.front().fusable &&
-                        queue_.front().allreduce.input.bytes() <= active_.fusion_threshold_bytes;
-    // The fusable run at the head of the queue: compatible allreduces up to the threshold.
-    auto take_batch = [&](std::vector<Op*>* batch) {
-      size_t bytes = 0;
-      for (auto& op : queue_) {
-        if (batch && batch->size() == (fusion ? kMaxFusedOps : 1)) return false;
-        if (&op != &queue_.front() && !(fusion && compatible(queue_.front(), op))) return false;
-        size_t b = op.fusable ? op.allreduce.input.bytes() : 0;
-        if (&op != &queue_.front() && bytes + b > active_.fusion_threshold_bytes) return false;
-        bytes += b;
-        if (batch) batch->push_back(&op);
-      }
-      return fusion && bytes < active_.fusion_threshold_bytes && queue_.size() < kMaxFusedOps;
+    auto compatible_ops = [this](const Op& head, const Op& next) { return compatible(head, next); };
+    const bool fusion = fuses(active_, queue_.front());
+    auto head_batch = [&](std::vector<Op*>* batch) {
+      return take_batch(queue_.begin(), queue_.end(), fusion, active_.fusion_threshold_bytes, compatible_ops, batch);
     };
     if (fusion) {  // give the head a cycle to gather company
       auto deadline = queue_.front().submitted +
                       std::chrono::microseconds(static_cast<int64_t>(active_.cycle_time_ms * 1000.0));
-      cv_.wait_until(lock, deadline, [&] { return stopping_ || flush_ || !take_batch(nullptr); });
+      cv_.wait_until(lock, deadline, [&] { return stopping_ || flush_ || !head_batch(nullptr); });
     }
     flush_ = false;
     std::vector<Op*> batch;
-    take_batch(&batch);
+    head_batch(&batch);
     running_ = batch.size();
     lock.unlock();
 
@@ -611,23 +628,16 @@ std::vector<WorkPtr> Engine::allreduce_group(const std::vector<AllreduceArgs>& a
   if (blocking && queue_.empty() && !busy_ && !ops.empty()) {
     // An idle engine runs the group on the caller's thread, as a blocking allreduce runs inline:
     // no hand-off to the worker, whose wake-up on a loaded machine can cost a scheduler time slice.
-    // Batches follow loop()'s rule: the head, then compatible allreduces within the threshold.
+    // Batches follow loop()'s rule (take_batch), with no cycle: the whole group is here.
     busy_ = true;
     active_ = options_;
     lock.unlock();
-    const bool fusion = active_.fusion_threshold_bytes > 0 && active_.cycle_time_ms > 0;
+    auto compatible_ops = [this](const Op& head, const Op& next) { return compatible(head, next); };
     size_t first = 0;
     while (first < ops.size()) {
-      std::vector<Op*> batch{&ops[first]};
-      size_t bytes = ops[first].allreduce.input.bytes();
-      if (fusion && bytes <= active_.fusion_threshold_bytes) {
-        for (size_t i = first + 1; i < ops.size() && batch.size() < kMaxFusedOps; ++i) {
-          if (!compatible(ops[first], ops[i]) || bytes + ops[i].allreduce.input.bytes() > active_.fusion_threshold_bytes)
-            break;
-          bytes += ops[i].allreduce.input.bytes();
-          batch.push_back(&ops[i]);
-        }
-      }
+      std::vector<Op*> batch;
+      auto head = ops.begin() + static_cast<std::ptrdiff_t>(first);
+      take_batch(head, ops.end(), fuses(active_, *head), active_.fusion_threshold_bytes, compatible_ops, &batch);
       first += execute(batch);
     }
     lock.lock();
