@@ -410,12 +410,13 @@ def main(argv=None):
         from pycomm import cost_model
 
         machine = cost_model.measure(pycomm.world_comm(), pycomm.local_comm(), topo)
+        shm_chunk, shm_chunked_above = cost_model.shm_pipeline(topo.local_size)
         predicted = []
         for r in rows:
             name = r["impl"]
             if name not in cost_model.ALGORITHMS + cost_model.COMPRESSED:
                 continue
-            t = cost_model.predict(name, r["size"], machine, comm.size, topo.num_nodes)
+            t = cost_model.predict(name, r["size"], machine, comm.size, topo.num_nodes, shm_chunk, shm_chunked_above)
             predicted.append(dict(impl=name, size=r["size"], predicted_us=t * 1e6, measured_us=r["time_us"]))
         if comm.rank == 0:
             print("# pycomm.cost_model, constants measured in this run: " +

@@ -16,8 +16,15 @@ ranks, M nodes of L ranks each:
     ring(S, N)   = 2(N-1) alpha + 2(N-1)/N S beta + (N-1)/N S gamma
     mpi(S, N)    = min(recursive doubling  ceil(log2 N) (alpha + S beta + S gamma),
                        reduce-scatter + allgather  2 ceil(log2 N) alpha + 2(N-1)/N S beta + (N-1)/N S gamma)
-    shm(S, L)    = 3 sync + 2 S delta + (L-1)/L S gamma
+    gamma_c  s per byte reduced with both operands in cache (a chunk of the shm pipeline)
+
+    shm(S, L)    = sync + S delta + (L-1) S gamma_c                     up to 32 KiB (one fence:
+                   every rank copies in and reduces the whole message from the L segments)
+                 = 3 sync + 2 S delta + (L-1)/L S gamma                 one pass
                    (copy in, reduce the own slice with the L-1 peers' slices, copy out)
+                 = (2 ceil(S/C) + 1) sync + S delta + (L-1)/L S gamma_c  chunk by chunk, above the
+                   pipeline threshold (shm_chunk_bytes C > 0): only the tensor goes to memory and
+                   back (S delta: one copy's traffic), the slice reduction runs in cache
     hierarchical(S, M, L) = 3 sync + 2 S delta + (L-1)/L S gamma + ring_x(S/L, M)
                    (shm reduce-scatter, one cross-node ring per local rank on its S/L shard, shm allgather)
     hierarchical_master(S, M, L) = 4 sync + 2 S delta + (L-1)/L S gamma + (L-1)/L S delta + ring_x(S, M)
@@ -56,12 +63,20 @@ class Machine:
     beta_x: float
     kappa: float
     omega: float
+    # None: not measured (constants stored by an older pycomm-tune); predictions then take gamma.
+    gamma_c: Optional[float] = None
 
     def __post_init__(self):
         for f in fields(self):
             v = getattr(self, f.name)
+            if v is None and f.name in _OPTIONAL:
+                continue
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"cost_model.Machine: {f.name} must be a finite number >= 0, got {v!r}")
+
+    @property
+    def gamma_cache(self) -> float:
+        return self.gamma if self.gamma_c is None else self.gamma_c
 
     def to_dict(self) -> Dict[str, float]:
         return asdict(self)
@@ -69,10 +84,14 @@ class Machine:
     @classmethod
     def from_dict(cls, d: Dict[str, float]) -> "Machine":
         names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in d]
+        missing = [n for n in names if n not in d and n not in _OPTIONAL]
         if missing:
             raise ValueError(f"cost_model.Machine: missing {', '.join(missing)}")
-        return cls(**{n: float(d[n]) for n in names})
+        return cls(**{n: (None if d.get(n) is None else float(d[n])) for n in names})
+
+
+_OPTIONAL = ("gamma_c",)
+SHM_ONE_FENCE_BYTES = 32 << 10  # csrc/comm/algorithms.h kShmOneFenceBytes
 
 
 def _ring(S: float, N: int, alpha: float, beta: float, gamma: float) -> float:
@@ -95,8 +114,31 @@ def _shm_part(S: float, L: int, m: Machine) -> float:
     return 3 * m.sync + 2 * S * m.delta + (L - 1) / L * S * m.gamma
 
 
-def predict(algorithm: str, nbytes: int, machine: Machine, ranks: int, nodes: int = 1) -> float:
-    """Predicted seconds of one allreduce of `nbytes` with `algorithm` (or fp16/bf16/onebit compression)."""
+def _shm(S: float, L: int, m: Machine, chunk_bytes: int, chunked_above: Optional[int]) -> float:
+    """One-node shm in the form the engine picks for S bytes (see the module's docstring)."""
+    if S <= SHM_ONE_FENCE_BYTES:
+        return m.sync + S * m.delta + (L - 1) * S * m.gamma_cache
+    if chunk_bytes > 0 and chunked_above is not None and S > chunked_above:
+        chunks = math.ceil(S / chunk_bytes)
+        return (2 * chunks + 1) * m.sync + S * m.delta + (L - 1) / L * S * m.gamma_cache
+    return _shm_part(S, L, m)
+
+
+def shm_pipeline(local_size: int) -> Tuple[int, Optional[int]]:
+    """This process's shm chunk size and the size above which shm runs chunk by chunk (None: never),
+    as the engine decides them (pycomm.get_options()["shm_chunk_bytes"], the last-level cache)."""
+    import pycomm
+
+    chunk = int(pycomm.get_options()["shm_chunk_bytes"])
+    return chunk, (pycomm._C.shm_pipeline_min_bytes(local_size, chunk) if chunk > 0 else None)
+
+
+def predict(algorithm: str, nbytes: int, machine: Machine, ranks: int, nodes: int = 1,
+            shm_chunk_bytes: int = 0, shm_chunked_above: Optional[int] = None) -> float:
+    """Predicted seconds of one allreduce of `nbytes` with `algorithm` (or fp16/bf16/onebit compression).
+
+    shm_chunk_bytes, shm_chunked_above: the shm pipeline (shm_pipeline()); the defaults model the
+    one-pass form at every size above 32 KiB."""
     if ranks < 1 or nodes < 1 or ranks % nodes:
         raise ValueError(f"cost_model.predict: {ranks} ranks on {nodes} nodes is not nodes of equal size")
     if nbytes < 0:
@@ -112,7 +154,7 @@ def predict(algorithm: str, nbytes: int, machine: Machine, ranks: int, nodes: in
     if algorithm == "shm":
         if M > 1:
             raise ValueError("cost_model.predict: 'shm' runs on one node only")
-        return _shm_part(S, L, m)
+        return _shm(S, L, m, shm_chunk_bytes, shm_chunked_above)
     if algorithm == "hierarchical":
         if L == 1:
             return _ring(S, M, m.alpha_x, m.beta_x, m.gamma)
@@ -143,22 +185,24 @@ def available(ranks: int, nodes: int, homogeneous: bool = True) -> List[str]:
 
 
 def best(nbytes: int, machine: Machine, ranks: int, nodes: int = 1,
-         algorithms: Optional[List[str]] = None) -> Tuple[str, float]:
+         algorithms: Optional[List[str]] = None, shm_chunk_bytes: int = 0,
+         shm_chunked_above: Optional[int] = None) -> Tuple[str, float]:
     """The algorithm with the smallest predicted time, and that time (ties: the first listed)."""
     algos = algorithms or available(ranks, nodes)
-    times = {a: predict(a, nbytes, machine, ranks, nodes) for a in algos}
+    times = {a: predict(a, nbytes, machine, ranks, nodes, shm_chunk_bytes, shm_chunked_above) for a in algos}
     winner = min(algos, key=lambda a: times[a])
     return winner, times[winner]
 
 
 def auto_table(machine: Machine, ranks: int, nodes: int = 1, min_bytes: int = 1 << 10,
-               max_bytes: int = 1 << 30, algorithms: Optional[List[str]] = None) -> List[Tuple[int, str]]:
+               max_bytes: int = 1 << 30, algorithms: Optional[List[str]] = None, shm_chunk_bytes: int = 0,
+               shm_chunked_above: Optional[int] = None) -> List[Tuple[int, str]]:
     """An "auto" table (largest message, algorithm) from the model's winners at powers of 2."""
     from .tune import crossover_table
 
     picks, size = [], min_bytes
     while size <= max_bytes:
-        picks.append((size, best(size, machine, ranks, nodes, algorithms)[0]))
+        picks.append((size, best(size, machine, ranks, nodes, algorithms, shm_chunk_bytes, shm_chunked_above)[0]))
         size *= 2
     return crossover_table(picks)
 
@@ -178,7 +222,8 @@ def measure(world, local, topo, iters: int = 21) -> Machine:
     same between rank 0 and node 1's first rank (or alpha, beta on one node).
     gamma, delta, kappa, omega: pycomm's own kernels on 4 Mi float32 elements
     with every rank running at once (they share the memory bus in a collective
-    too), medians. sync: a barrier of the node. Latencies (ping-pong, barrier)
+    too), medians; gamma_c: the reduction repeated on a 512 KiB pair that stays
+    in cache. sync: a barrier of the node. Latencies (ping-pong, barrier)
     take the minimum over samples: on an oversubscribed or shared machine most
     samples measure waiting for the peer's core, not the transport. Rank 0's
     values are broadcast, so every rank holds the same model.
@@ -233,6 +278,15 @@ def measure(world, local, topo, iters: int = 21) -> Machine:
         return _median(times) / big
 
     gamma = per_byte(lambda: kernels.reduce_(a, b))
+    # In cache: a 512 KiB pair of operands (the order of the shm pipeline's chunk), reduced 8 times: big bytes.
+    small = 128 << 10
+    ac, bc = a[:small].clone(), b[:small].clone()
+
+    def reduce_in_cache():
+        for _ in range(n // small):
+            kernels.reduce_(ac, bc)
+
+    gamma_c = per_byte(reduce_in_cache)
     delta = per_byte(lambda: dst.copy_(b))
     kappa = per_byte(lambda: kernels.cast_to_half(b))
     omega = per_byte(lambda: kernels.onebit_compress(b, residual))
@@ -243,5 +297,5 @@ def measure(world, local, topo, iters: int = 21) -> Machine:
         times.append(time.perf_counter() - t0)
     sync = min(times) if local.size > 1 else 0.0
     values = dict(alpha=alpha, beta=beta, gamma=gamma, delta=delta, sync=sync, alpha_x=alpha_x, beta_x=beta_x,
-                  kappa=kappa, omega=omega)
+                  kappa=kappa, omega=omega, gamma_c=gamma_c)
     return Machine(**world.bcast(values if world.rank == 0 else None, root=0))

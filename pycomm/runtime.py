@@ -212,9 +212,11 @@ def agreed_tune_table(topo: Topology, comm) -> list:
         # No measured table for this shape: the cost model's winners, if the machine's constants are stored.
         machine = load_model()
         if machine is not None and topo.size > 1 and topo.homogeneous:
-            from .cost_model import auto_table
+            from .cost_model import auto_table, shm_pipeline
 
-            mine = auto_table(machine, topo.size, topo.num_nodes, algorithms=available_algorithms(topo))
+            chunk, chunked_above = shm_pipeline(topo.local_size)
+            mine = auto_table(machine, topo.size, topo.num_nodes, algorithms=available_algorithms(topo),
+                              shm_chunk_bytes=chunk, shm_chunked_above=chunked_above)
     table = comm.bcast(mine if comm.rank == 0 else None, root=0) or []
     if comm.rank != 0 and mine is not None and [tuple(e) for e in mine] != [tuple(e) for e in table]:
         import warnings

@@ -134,6 +134,7 @@ def main(argv=None) -> int:
         pycomm.shutdown()
         return 0
     algos = available_algorithms(topo)
+    shm_chunk, shm_chunked_above = cost_model.shm_pipeline(topo.local_size)
     best, rows = [], []
     size = args.min_bytes
     while size <= args.max_bytes:
@@ -141,7 +142,8 @@ def main(argv=None) -> int:
         timing = {a: measure(a, size, iters, comm) for a in algos}
         winner = min(timing, key=timing.get)
         best.append((size, winner))
-        predicted = {a: cost_model.predict(a, size, machine, topo.size, topo.num_nodes) * 1e6 for a in algos}
+        predicted = {a: cost_model.predict(a, size, machine, topo.size, topo.num_nodes, shm_chunk,
+                                           shm_chunked_above) * 1e6 for a in algos}
         rows.append(dict(size=size, times_us={a: t * 1e6 for a, t in timing.items()}, winner=winner,
                          predicted_us=predicted))
         if comm.rank == 0:

@@ -42,6 +42,32 @@ def test_shm():
     assert predict("shm", S, M, ranks=2) == approx(3.235728e-4)
 
 
+def test_shm_one_fence_up_to_32_kib():
+    # 4 ranks, 32 KiB: 3e-6 + 32768*1e-10 + 3*32768*2e-10 (gamma_c unset: gamma) = 3e-6 + 3.2768e-6 + 1.96608e-5
+    assert predict("shm", 32 << 10, M, ranks=4) == approx(2.593760e-5)
+    # one byte more: the three-fence form, 9e-6 + 2*32769*1e-10 + 3/4*32769*2e-10
+    assert predict("shm", (32 << 10) + 1, M, ranks=4) == approx(9e-6 + 6.5538e-6 + 4.91535e-6)
+
+
+def test_shm_chunk_by_chunk_above_the_pipeline_threshold():
+    Mc = Machine(**{**M.to_dict(), "gamma_c": 5e-11})
+    # 2 ranks, S = 1 MiB in 256 KiB chunks, chunked above 512 KiB: (2*4 + 1)*3e-6 + S*1e-10 + 1/2*S*5e-11
+    assert predict("shm", S, Mc, ranks=2, shm_chunk_bytes=256 << 10, shm_chunked_above=512 << 10) == approx(
+        2.7e-5 + 1.048576e-4 + 2.62144e-5)
+    # at or below the threshold, or with chunking off: the one-pass form
+    assert predict("shm", S, Mc, ranks=2, shm_chunk_bytes=256 << 10, shm_chunked_above=S) == approx(3.235728e-4)
+    assert predict("shm", S, Mc, ranks=2, shm_chunk_bytes=0, shm_chunked_above=512 << 10) == approx(3.235728e-4)
+
+
+def test_gamma_c_is_optional_in_stored_constants():
+    old = {k: v for k, v in M.to_dict().items() if k != "gamma_c"}  # stored before gamma_c existed
+    m = Machine.from_dict(old)
+    assert m.gamma_c is None and m.gamma_cache == m.gamma
+    assert Machine.from_dict({**old, "gamma_c": 1e-11}).gamma_cache == 1e-11
+    with pytest.raises(ValueError, match="gamma_c must be a finite number >= 0"):
+        Machine(**{**M.to_dict(), "gamma_c": float("nan")})
+
+
 def test_hierarchical():
     # shm part (L=2) 3.235728e-4 + ring of S/2 over 2 nodes: 2e-5 + 524288*8e-9 + 1/2*524288*2e-10
     assert predict("hierarchical", S, M, ranks=4, nodes=2) == approx(3.235728e-4 + 2e-5 + 4.194304e-3 + 5.24288e-5)
@@ -74,7 +100,7 @@ def test_best_and_auto_table_follow_the_crossover():
     # mpi: 2.0192e-6 at 8 B beats shm's 9e-6 of fences; at 1 MiB shm (3.2e-4) beats mpi (1.7e-3).
     assert cost_model.best(8, M, ranks=4)[0] == "mpi"
     assert cost_model.best(S, M, ranks=4)[0] == "shm"
-    table = cost_model.auto_table(M, ranks=4, min_bytes=1 << 10, max_bytes=1 << 24)
+    table = cost_model.auto_table(M, ranks=4, min_bytes=8, max_bytes=1 << 24)
     assert [a for _, a in table] == ["mpi", "shm"]
     assert table[-1][0] == 2 ** 62
     # The crossover: the largest size where mpi still wins, and the next one where shm does.
