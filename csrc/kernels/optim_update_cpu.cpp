@@ -11,25 +11,32 @@ namespace kernels {
 namespace {
 
 // OpenMP above kParallelMinBytes of one operand; the reductions are in double.
+// Below it a plain simd loop (see simd_for: the construct's serial fallback is not vectorized).
 PYCOMM_CPU_CLONES void sumsq2(const float* a, const float* b, size_t n, double* sa, double* sb) {
   double x = 0.0, y = 0.0;
-#pragma omp parallel for simd schedule(static) reduction(+ : x, y) num_threads(threads_for(n * 4)) \
-    if (n * 4 >= kParallelMinBytes)
-  for (size_t i = 0; i < n; ++i) {
-    x += double(a[i]) * double(a[i]);
-    y += double(b[i]) * double(b[i]);
+  if (n * 4 < kParallelMinBytes) {
+#pragma omp simd reduction(+ : x, y)
+    for (size_t i = 0; i < n; ++i) {
+      x += double(a[i]) * double(a[i]);
+      y += double(b[i]) * double(b[i]);
+    }
+  } else {
+#pragma omp parallel for simd schedule(static) reduction(+ : x, y) num_threads(threads_for(n * 4))
+    for (size_t i = 0; i < n; ++i) {
+      x += double(a[i]) * double(a[i]);
+      y += double(b[i]) * double(b[i]);
+    }
   }
   *sa = x;
   *sb = y;
 }
 
 PYCOMM_CPU_CLONES void lars_apply(float* w, const float* g, float* buf, size_t n, float m, float scale, float wd) {
-#pragma omp parallel for simd schedule(static) num_threads(threads_for(n * 4)) if (n * 4 >= kParallelMinBytes)
-  for (size_t i = 0; i < n; ++i) {
+  simd_for(n, n * 4, [&](size_t i) {
     const float v = m * buf[i] + scale * (g[i] + wd * w[i]);
     buf[i] = v;
     w[i] -= v;
-  }
+  });
 }
 
 // Moments update plus the sums of squares of w and r.
@@ -37,10 +44,7 @@ PYCOMM_CPU_CLONES void lamb_moments(const float* w, const float* g, float* m, fl
                                     const LambParams& p, double* sw, double* sr) {
   const float b1 = p.beta1, b2 = p.beta2, a1 = p.one_minus_beta1, a2 = p.one_minus_beta2;
   const float ic1 = 1.0f / p.bias_correction1, ic2 = 1.0f / p.bias_correction2, eps = p.eps, wd = p.weight_decay;
-  double x = 0.0, y = 0.0;
-#pragma omp parallel for simd schedule(static) reduction(+ : x, y) num_threads(threads_for(n * 4)) \
-    if (n * 4 >= kParallelMinBytes)
-  for (size_t i = 0; i < n; ++i) {
+  auto step = [&](size_t i, double& x, double& y) __attribute__((always_inline)) {
     const float mi = b1 * m[i] + a1 * g[i];
     const float vi = b2 * v[i] + a2 * g[i] * g[i];
     m[i] = mi;
@@ -48,6 +52,14 @@ PYCOMM_CPU_CLONES void lamb_moments(const float* w, const float* g, float* m, fl
     const float r = (mi * ic1) / (std::sqrt(vi * ic2) + eps) + wd * w[i];
     x += double(w[i]) * double(w[i]);
     y += double(r) * double(r);
+  };
+  double x = 0.0, y = 0.0;
+  if (n * 4 < kParallelMinBytes) {  // see sumsq2
+#pragma omp simd reduction(+ : x, y)
+    for (size_t i = 0; i < n; ++i) step(i, x, y);
+  } else {
+#pragma omp parallel for simd schedule(static) reduction(+ : x, y) num_threads(threads_for(n * 4))
+    for (size_t i = 0; i < n; ++i) step(i, x, y);
   }
   *sw = x;
   *sr = y;
@@ -56,11 +68,10 @@ PYCOMM_CPU_CLONES void lamb_moments(const float* w, const float* g, float* m, fl
 PYCOMM_CPU_CLONES void lamb_apply(float* w, const float* m, const float* v, size_t n, const LambParams& p,
                                   float step) {
   const float ic1 = 1.0f / p.bias_correction1, ic2 = 1.0f / p.bias_correction2, eps = p.eps, wd = p.weight_decay;
-#pragma omp parallel for simd schedule(static) num_threads(threads_for(n * 4)) if (n * 4 >= kParallelMinBytes)
-  for (size_t i = 0; i < n; ++i) {
+  simd_for(n, n * 4, [&](size_t i) {
     const float r = (m[i] * ic1) / (std::sqrt(v[i] * ic2) + eps) + wd * w[i];
     w[i] -= step * r;
-  }
+  });
 }
 
 }  // namespace

@@ -13,8 +13,7 @@ namespace {
 template <bool MOM, int COMP>
 PYCOMM_CPU_CLONES void update(float* __restrict w, float* __restrict v, float* __restrict ms,
                               const float* __restrict g, const float* __restrict bak, size_t n, PsUpdate u) {
-#pragma omp parallel for simd schedule(static) num_threads(threads_for(n * 12)) if (n * 12 >= kParallelMinBytes)
-  for (size_t i = 0; i < n; ++i) {
+  simd_for(n, n * 12, [&](size_t i) {
     float gi = g[i], wi = w[i];
     float d = gi + u.weight_decay * wi;
     if (COMP == 1) d += u.lambda * gi * gi * (wi - bak[i]);
@@ -28,7 +27,7 @@ PYCOMM_CPU_CLONES void update(float* __restrict w, float* __restrict v, float* _
       v[i] = d;
     }
     w[i] = wi - u.alpha * d;
-  }
+  });
 }
 
 template <bool MOM>

@@ -24,22 +24,17 @@ struct MaxNaN { template <class T> static T apply(T a, T b) { return (a != a || 
 
 template <class T, class Op>
 PYCOMM_CPU_CLONES void reduce_native(T* __restrict dst, const T* __restrict src, size_t n) {
-#pragma omp parallel for simd schedule(static) num_threads(threads_for(n * sizeof(T))) if (n * sizeof(T) >= kParallelMinBytes)
-  for (size_t i = 0; i < n; ++i) dst[i] = Op::apply(dst[i], src[i]);
+  simd_for(n, n * sizeof(T), [&](size_t i) { dst[i] = Op::apply(dst[i], src[i]); });
 }
 
 template <class Op>
 PYCOMM_CPU_CLONES void reduce_f16(uint16_t* __restrict dst, const uint16_t* __restrict src, size_t n) {
-#pragma omp parallel for simd schedule(static) num_threads(threads_for(n * 2)) if (n * 2 >= kParallelMinBytes)
-  for (size_t i = 0; i < n; ++i)
-    dst[i] = float_to_half(Op::apply(half_to_float(dst[i]), half_to_float(src[i])));
+  simd_for(n, n * 2, [&](size_t i) { dst[i] = float_to_half(Op::apply(half_to_float(dst[i]), half_to_float(src[i]))); });
 }
 
 template <class Op>
 PYCOMM_CPU_CLONES void reduce_bf16(uint16_t* __restrict dst, const uint16_t* __restrict src, size_t n) {
-#pragma omp parallel for simd schedule(static) num_threads(threads_for(n * 2)) if (n * 2 >= kParallelMinBytes)
-  for (size_t i = 0; i < n; ++i)
-    dst[i] = float_to_bf16(Op::apply(bf16_to_float(dst[i]), bf16_to_float(src[i])));
+  simd_for(n, n * 2, [&](size_t i) { dst[i] = float_to_bf16(Op::apply(bf16_to_float(dst[i]), bf16_to_float(src[i]))); });
 }
 
 #ifdef PYCOMM_X86
@@ -137,8 +132,7 @@ void reduce_typed(void* dst, const void* src, size_t n, DType dtype) {
 
 template <class T>
 PYCOMM_CPU_CLONES void scale_native(T* __restrict dst, size_t n, T f) {
-#pragma omp parallel for simd schedule(static) num_threads(threads_for(n * sizeof(T))) if (n * sizeof(T) >= kParallelMinBytes)
-  for (size_t i = 0; i < n; ++i) dst[i] *= f;
+  simd_for(n, n * sizeof(T), [&](size_t i) { dst[i] *= f; });
 }
 
 }  // namespace
