@@ -223,7 +223,10 @@ def measure(world, local, topo, iters: int = 21) -> Machine:
     gamma, delta, kappa, omega: pycomm's own kernels on 4 Mi float32 elements
     with every rank running at once (they share the memory bus in a collective
     too), medians; gamma_c: the reduction repeated on a 512 KiB pair that stays
-    in cache. sync: a barrier of the node. Latencies (ping-pong, barrier)
+    in cache, as a chunk of the shm pipeline does. (Operands twice the
+    last-level cache give the memory-bound rates, closer to what 64-256 MiB
+    messages see, but they ranked shm behind ring and mpi at 1 and 16 MiB on 2
+    ranks where it was measured first: bench/allreduce.py --model.) sync: a barrier of the node. Latencies (ping-pong, barrier)
     take the minimum over samples: on an oversubscribed or shared machine most
     samples measure waiting for the peer's core, not the transport. Rank 0's
     values are broadcast, so every rank holds the same model.
@@ -267,7 +270,7 @@ def measure(world, local, topo, iters: int = 21) -> Machine:
     dst = torch.empty(n)
     residual = torch.zeros(n)
 
-    def per_byte(fn) -> float:
+    def per_byte(fn, nbytes: int = big) -> float:
         fn()
         times = []
         for _ in range(max(5, iters // 3)):
@@ -275,18 +278,18 @@ def measure(world, local, topo, iters: int = 21) -> Machine:
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
-        return _median(times) / big
+        return _median(times) / nbytes
 
     gamma = per_byte(lambda: kernels.reduce_(a, b))
-    # In cache: a 512 KiB pair of operands (the order of the shm pipeline's chunk), reduced 8 times: big bytes.
+    # In cache: a 512 KiB pair of operands (the order of the shm pipeline's chunk), reduced 8 times.
     small = 128 << 10
     ac, bc = a[:small].clone(), b[:small].clone()
 
     def reduce_in_cache():
-        for _ in range(n // small):
+        for _ in range(8):
             kernels.reduce_(ac, bc)
 
-    gamma_c = per_byte(reduce_in_cache)
+    gamma_c = per_byte(reduce_in_cache, 8 * small * 4)
     delta = per_byte(lambda: dst.copy_(b))
     kappa = per_byte(lambda: kernels.cast_to_half(b))
     omega = per_byte(lambda: kernels.onebit_compress(b, residual))
