@@ -41,6 +41,7 @@ if glob.glob(os.path.join(ROOT, "pycomm", "_C*.so")) and ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import pycomm  # noqa: E402
+from pycomm.benchmark import human_size  # noqa: E402
 from pycomm import kernels as K  # noqa: E402
 
 MiB = 1 << 20
@@ -194,7 +195,7 @@ def main(argv=None) -> int:
     cpu_note = "" if device.startswith("cuda") else f", cpu variant {K.cpu_isa()}"
     print(f"# pycomm kernels on {device}{cpu_note}, torch {torch.__version__}, {args.stat} of {repeats}, "
           f"pycomm from {os.path.dirname(pycomm.__file__)}", flush=True)
-    hdr = f"{'kernel':<20}{'size':>8}{'thr':>4}{'time ms':>10}{'GB/s':>9}{'copy GB/s':>11}{'vs copy':>9}"
+    hdr = f"{'kernel':<20}{'size':>8}{'thr':>4}{'time us':>10}{'GB/s':>9}{'copy GB/s':>11}{'vs copy':>9}"
     print(hdr)
     print("-" * len(hdr), flush=True)
     old_torch_threads = torch.get_num_threads()
@@ -223,7 +224,7 @@ def main(argv=None) -> int:
                            bytes_moved=traffic, seconds=sec, gbps=gbs, copy_gbps=copy_gbs, ratio=gbs / copy_gbs)
                 results.append(row)
                 thr = "-" if row["threads"] is None else str(row["threads"])
-                print(f"{name:<20}{size // MiB:>7}M{thr:>4}{sec * 1e3:>10.3f}{gbs:>9.2f}{copy_gbs:>11.2f}"
+                print(f"{name:<20}{human_size(size):>8}{thr:>4}{sec * 1e6:>10.1f}{gbs:>9.2f}{copy_gbs:>11.2f}"
                       f"{gbs / copy_gbs:>8.0%}", flush=True)
     if not device.startswith("cuda"):
         torch.set_num_threads(old_torch_threads)
