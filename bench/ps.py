@@ -21,7 +21,11 @@ Columns:
            dedicated: the worker sends and receives all of S: 2S / t.
   upd/s    updates applied per second over all servers (W pushes of K shards per iteration).
   ring busbw and ratio: pycomm's ring allreduce of the same S on all ranks, timed in the same run
-           (nccl-tests busbw = S/t * 2(N-1)/N); ratio = PS GB/s / ring busbw.
+           (nccl-tests busbw = S/t * 2(N-1)/N); ratio = PS GB/s / ring busbw. Co-located, the ring runs
+           inside the same loop, before the PS calls of every iteration (ring_us is the median of those);
+           dedicated, before the PS rounds.
+  paired   co-located: the median over iterations of (PS GB/s / ring busbw) of the same iteration, which
+           a load that changes during the run moves less than the ratio of the two medians.
   copy GB/s: one rank's torch copy of S bytes (2 S bytes of memory traffic) / t, timed on every rank at
            once in the same run: the machine's memory-copy rate that every transfer here is bounded by.
 --profile sets PYCOMM_PS_PROFILE=1: every server prints where its loop's time went (recv-wait, update
@@ -42,33 +46,48 @@ import pycomm
 from pycomm.benchmark import bandwidth, human_size, median_time, parse_size
 from pycomm.ps import ParameterServer, UpdateRule
 
-def time_ps(nbytes: int, servers: int, iters: int, call: str):
-    """Median seconds per push+pull iteration (slowest worker); None on dedicated server ranks."""
+def slowest(comm, fn) -> float:
+    """Seconds of fn() on the slowest rank of comm, all starting together."""
     from mpi4py import MPI
 
+    comm.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+
+
+def time_ps(nbytes: int, servers: int, iters: int, calls, ring_x=None):
+    """Per call: the list of seconds per iteration (slowest worker), and the ring allreduce's seconds of
+    the same iterations when ring_x is given (co-located: every rank is a worker, so the ring runs between
+    the calls of every iteration and load that drifts hits both alike). None on dedicated server ranks."""
     ps = ParameterServer(UpdateRule(lr=1e-9), servers=servers)
     if not ps.is_worker:
         ps.serve()
-        return None, ps
+        return None, None, ps
     n = nbytes // 4
     w = torch.zeros(n)
     g = torch.ones(n)
     ps.register({"w": w})
-    times = []
+
+    def push_then_pull():
+        h = ps.push_async("w", g)
+        ps.pull("w", w)
+        h.wait()
+
+    run = {"push_pull": lambda: ps.push_pull("w", g, w), "push+pull": push_then_pull}
+    times = {c: [] for c in calls}
+    ring = []
     for i in range(iters + 1):
-        ps.worker_comm.Barrier()
-        t0 = time.perf_counter()
-        if call == "push_pull":
-            ps.push_pull("w", g, w)
-        else:
-            h = ps.push_async("w", g)
-            ps.pull("w", w)
-            h.wait()
-        dt = ps.worker_comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-        if i:
-            times.append(dt)
+        if ring_x is not None:
+            t = slowest(ps.worker_comm, lambda: pycomm.allreduce(ring_x, op="sum", algorithm="ring"))
+            if i:
+                ring.append(t)
+        for c in calls:
+            t = slowest(ps.worker_comm, run[c])
+            if i:
+                times[c].append(t)
     ps.shutdown()
-    return statistics.median(times), ps
+    return times, ring, ps
 
 
 def main() -> int:
@@ -102,29 +121,38 @@ def main() -> int:
     while s <= hi:
         x = torch.ones(s // 4)
         t_ring = median_time(lambda: pycomm.allreduce(x, op="sum", algorithm="ring"), pycomm.world_comm(), a.iters)
-        _, ring_bus = bandwidth(s, t_ring, N)
         y = torch.empty_like(x)
         t_copy = median_time(lambda: y.copy_(x), pycomm.world_comm(), a.iters)
         copy_gbps = s / t_copy / 1e9
-        for (label, k), call in [(pl, c) for pl in placements for c in calls]:
-            t, ps = time_ps(s, k, a.iters, call)
-            t = pycomm.world_comm().bcast(t, root=0)  # rank 0 is always a worker
+        for label, k in placements:
+            times, ring, ps = time_ps(s, k, a.iters, calls, ring_x=x if k == 0 else None)
+            times, ring = pycomm.world_comm().bcast((times, ring), root=0)  # rank 0 is always a worker
             K, W = ps.num_servers, ps.num_workers
             wire = 2 * s * (K - 1) / K if k == 0 else 2 * s
-            gbps = wire / t / 1e9
-            rows.append({"size": s, "placement": label, "call": call, "workers": W, "servers": K, "time_us": t * 1e6,
-                         "GBps": gbps, "updates_per_s": W * K / t, "ring_time_us": t_ring * 1e6,
-                         "ring_busbw_GBps": ring_bus, "ratio": gbps / ring_bus if ring_bus else float("nan"),
-                         "copy_GBps": copy_gbps})
+            t_base = statistics.median(ring) if ring else t_ring  # co-located: the ring of the same iterations
+            _, ring_bus = bandwidth(s, t_base, N)
+            for call in calls:
+                t = statistics.median(times[call])
+                gbps = wire / t / 1e9
+                # paired: each iteration's PS rate over the ring's rate in that same iteration
+                paired = (statistics.median(wire / tp / bandwidth(s, tr, N)[1] / 1e9
+                                            for tp, tr in zip(times[call], ring)) if ring else float("nan"))
+                rows.append({"size": s, "placement": label, "call": call, "workers": W, "servers": K,
+                             "time_us": t * 1e6, "GBps": gbps, "updates_per_s": W * K / t,
+                             "ring_time_us": t_base * 1e6, "ring_busbw_GBps": ring_bus,
+                             "ratio": gbps / ring_bus if ring_bus else float("nan"), "paired_ratio": paired,
+                             "copy_GBps": copy_gbps})
         s *= a.factor
     if rank == 0:
         print(f"pycomm.ps push+pull, {N} ranks, float32, median of {a.iters} (slowest worker)")
         print(f"{'size':>9} {'placement':>11} {'call':>10} {'W':>2} {'K':>2} {'time_us':>10} {'GB/s':>7} {'upd/s':>9} "
-              f"{'ring_us':>10} {'ring busbw':>10} {'ratio':>6} {'copy GB/s':>9}")
+              f"{'ring_us':>10} {'ring busbw':>10} {'ratio':>6} {'paired':>6} {'copy GB/s':>9}")
         for r in rows:
             print(f"{human_size(r['size']):>9} {r['placement']:>11} {r['call']:>10} {r['workers']:>2} {r['servers']:>2} "
                   f"{r['time_us']:>10.0f} {r['GBps']:>7.2f} {r['updates_per_s']:>9.0f} {r['ring_time_us']:>10.0f} "
-                  f"{r['ring_busbw_GBps']:>10.2f} {r['ratio']:>5.2f}x {r['copy_GBps']:>9.2f}")
+                  f"{r['ring_busbw_GBps']:>10.2f} {r['ratio']:>5.2f}x "
+                  f"{(format(r['paired_ratio'], '5.2f') + 'x') if r['paired_ratio'] == r['paired_ratio'] else '—':>6} "
+                  f"{r['copy_GBps']:>9.2f}")
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(rows, f, indent=1)
