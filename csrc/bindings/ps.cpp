@@ -1,6 +1,7 @@
 // Python bindings of the parameter server: _C.PsServer, _C.PsClient, _C.PsRequest
 // and the update-rule kernel (for tests). Tensors are checked here (float32,
 // contiguous, CPU); every blocking call releases the GIL.
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -162,6 +163,8 @@ void register_ps(py::module_& m) {
       .def("pull", [wrap](ps::Client& c, int64_t key, const at::Tensor& t) {
         return wrap(c.pull(key, t.numel(), float_data(t, "pycomm.ps.pull")), py::cast(t));
       })
+      .def("set_shared", &ps::Client::set_shared, py::arg("server_indices"),
+           "servers (by index) that read and write this process's memory directly")
       .def("push_pull", [wrap](ps::Client& c, int64_t key, const at::Tensor& g, const at::Tensor& out) {
         return wrap(c.push_pull(key, g.numel(), float_data(g, "pycomm.ps.push_pull"),
                                 float_data(out, "pycomm.ps.push_pull")),
@@ -204,6 +207,16 @@ void register_ps(py::module_& m) {
       },
       py::arg("w"), py::arg("v"), py::arg("ms"), py::arg("g"), py::arg("bak"), py::arg("config"),
       "the server's update rule on one shard (kernels/ps_update.h), in place");
+  m.def(
+      "ps_memory_probe",
+      [](int pid, int64_t address, size_t nbytes) {
+        std::string buf(nbytes, '\0');
+        int err = ps::memory_probe(pid, address, &buf[0], nbytes);
+        return py::make_tuple(err, py::bytes(err ? std::string() : buf),
+                              err ? std::string(std::strerror(err)) : std::string());
+      },
+      py::arg("pid"), py::arg("address"), py::arg("nbytes"),
+      "read nbytes at address in process pid of this host (process_vm_readv): (errno, bytes, error text)");
   m.def("adadelay_alpha", &kernels::adadelay_alpha, py::arg("L"), py::arg("c"), py::arg("t"), py::arg("tau"));
 }
 

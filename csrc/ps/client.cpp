@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <thread>
+#include <unistd.h>
 
 #include "../comm/common.h"
 
@@ -70,6 +71,16 @@ int64_t Request::wait() {
 Client::Client(MPI_Comm comm, std::vector<int> servers) : comm_(comm), servers_(std::move(servers)) {
   if (servers_.empty()) throw comm::CommError("pycomm.ps: no servers");
   PYCOMM_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  shared_.assign(servers_.size(), 0);
+  pid_ = static_cast<int64_t>(::getpid());
+}
+
+void Client::set_shared(const std::vector<int>& server_indices) {
+  std::fill(shared_.begin(), shared_.end(), 0);
+  for (int j : server_indices) {
+    if (j < 0 || j >= num_servers()) throw comm::CommError("pycomm.ps: set_shared: no server index " + std::to_string(j));
+    shared_[static_cast<size_t>(j)] = servers_[static_cast<size_t>(j)] != rank_;
+  }
 }
 
 int Client::next_tag() {
@@ -89,8 +100,8 @@ std::unique_ptr<Request> Client::start() {
 }
 
 void Client::send_header(Request& r, int server, int64_t op, int64_t key, int64_t total, int64_t count, int64_t arg,
-                         int64_t out) {
-  r.headers_.push_back({op, key, total, count, arg, r.tag_, out, 0});
+                         int64_t out, int64_t pid) {
+  r.headers_.push_back({op, key, total, count, arg, r.tag_, out, pid});
   r.requests_.emplace_back();
   PYCOMM_MPI_CHECK(MPI_Isend(r.headers_.back().data(), kHeaderWords, MPI_INT64_T, server, kTagRequest, comm_,
                              &r.requests_.back()));
@@ -139,10 +150,11 @@ std::unique_ptr<Request> Client::push(int64_t key, int64_t total, const float* d
   for (int j = 0; j < K; ++j) {
     size_t b = part_begin(static_cast<size_t>(total), K, j), n = part_size(static_cast<size_t>(total), K, j);
     if (n == 0) continue;
-    if (servers_[j] == rank_) {  // this process's server thread reads the gradient in place, then answers
+    if (direct(j)) {  // the server reads the gradient where it is (this process, or through shared memory)
+      const bool here = servers_[j] == rank_;
       expect_reply(*r, servers_[j]);
-      send_header(*r, servers_[j], kPushLocal, key, total, static_cast<int64_t>(n),
-                  static_cast<int64_t>(reinterpret_cast<intptr_t>(data + b)));
+      send_header(*r, servers_[j], here ? kPushLocal : kPushShared, key, total, static_cast<int64_t>(n),
+                  static_cast<int64_t>(reinterpret_cast<intptr_t>(data + b)), 0, here ? 0 : pid_);
       continue;
     }
     send_header(*r, servers_[j], kPush, key, total, static_cast<int64_t>(n), 0);
@@ -157,10 +169,11 @@ std::unique_ptr<Request> Client::pull(int64_t key, int64_t total, float* out) {
   for (int j = 0; j < K; ++j) {
     size_t b = part_begin(static_cast<size_t>(total), K, j), n = part_size(static_cast<size_t>(total), K, j);
     if (n == 0) continue;
-    if (servers_[j] == rank_) {  // this process's server thread writes the shard into out, then answers
+    if (direct(j)) {  // the server writes the shard into out (this process, or through shared memory)
+      const bool here = servers_[j] == rank_;
       expect_reply(*r, servers_[j]);
-      send_header(*r, servers_[j], kPullLocal, key, total, static_cast<int64_t>(n),
-                  static_cast<int64_t>(reinterpret_cast<intptr_t>(out + b)));
+      send_header(*r, servers_[j], here ? kPullLocal : kPullShared, key, total, static_cast<int64_t>(n),
+                  static_cast<int64_t>(reinterpret_cast<intptr_t>(out + b)), 0, here ? 0 : pid_);
       continue;
     }
     send_pull(*r, servers_[j], key, total, out + b, n);
@@ -182,11 +195,12 @@ std::unique_ptr<Request> Client::push_pull(int64_t key, int64_t total, const flo
   for (int j = 0; j < K; ++j) {
     size_t b = part_begin(static_cast<size_t>(total), K, j), n = part_size(static_cast<size_t>(total), K, j);
     if (n == 0) continue;
-    if (servers_[j] == rank_) {
+    if (direct(j)) {
+      const bool here = servers_[j] == rank_;
       expect_reply(*r, servers_[j]);
-      send_header(*r, servers_[j], kPushPullLocal, key, total, static_cast<int64_t>(n),
+      send_header(*r, servers_[j], here ? kPushPullLocal : kPushPullShared, key, total, static_cast<int64_t>(n),
                   static_cast<int64_t>(reinterpret_cast<intptr_t>(grad + b)),
-                  static_cast<int64_t>(reinterpret_cast<intptr_t>(out + b)));
+                  static_cast<int64_t>(reinterpret_cast<intptr_t>(out + b)), here ? 0 : pid_);
       continue;
     }
     // One worker's requests are served in order: the pull reads the shard after this push.

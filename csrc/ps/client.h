@@ -46,6 +46,9 @@ class Client {
   Client(MPI_Comm comm, std::vector<int> servers);
 
   int num_servers() const { return static_cast<int>(servers_.size()); }
+  // Servers (by index) that reach this process's memory directly (same host, probed by the
+  // ParameterServer): push, pull and push_pull to them send only a header (protocol.h kPushShared).
+  void set_shared(const std::vector<int>& server_indices);
   std::unique_ptr<Request> init(int64_t key, int64_t total, const float* data);
   std::unique_ptr<Request> push(int64_t key, int64_t total, const float* data);
   std::unique_ptr<Request> pull(int64_t key, int64_t total, float* out);
@@ -67,7 +70,9 @@ class Client {
   std::unique_ptr<Request> start();
   int next_tag();
   void send_header(Request& r, int server, int64_t op, int64_t key, int64_t total, int64_t count, int64_t arg,
-                   int64_t out = 0);
+                   int64_t out = 0, int64_t pid = 0);
+  // A request to server index j answered by a header only: in this process, or shared memory.
+  bool direct(int j) const { return servers_[static_cast<size_t>(j)] == rank_ || shared_[static_cast<size_t>(j)]; }
   void send_pull(Request& r, int server, int64_t key, int64_t total, float* out, size_t n);
   void expect_reply(Request& r, int server);
   std::unique_ptr<Request> simple(int64_t op, int64_t arg, bool reply);
@@ -77,6 +82,8 @@ class Client {
   int rank_ = -1;  // this process in comm_: a server of the same rank is its own server thread
   std::vector<int> servers_;
   int tag_counter_ = 0;
+  std::vector<char> shared_;  // per server index
+  int64_t pid_ = 0;
 };
 
 }  // namespace ps

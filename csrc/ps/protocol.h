@@ -22,6 +22,14 @@
 // by block and copies each block out while it is still in cache, so the local
 // pull never reads the shard from memory again.
 //
+// A worker on the server's host (same host name and pid namespace, and the kernel lets
+// the server attach to its memory: probed when the ParameterServer is made) sends only
+// headers too (kPushShared, kPullShared, kPushPullShared): word kPidField is its pid,
+// and the server reads the gradient and writes the weights in the worker's address
+// space with process_vm_readv / process_vm_writev, block by block, while each block is
+// in cache. No data message crosses MPI, and the worker takes no part in moving the
+// data: it sleeps until the answer, leaving the core to the servers.
+//
 // Bytes per push of S bytes over K servers: S/K data + 64 B header per server
 // (the local shard: 64 B header + 16 B answer); per pull the same in the other
 // direction plus a 16 B reply header.
@@ -41,6 +49,7 @@ constexpr int kHeaderWords = 8;
 constexpr size_t kChunkBytes = size_t(1) << 20;
 constexpr size_t kChunkFloats = kChunkBytes / sizeof(float);
 constexpr int kReplyWords = 2;
+constexpr size_t kCacheBlockFloats = size_t(32) << 10;  // 128 KiB: a block of gradient, weights and copy in L2
 constexpr size_t kScratchSlots = 4;  // a server's push receive window, in chunks
 
 enum Op : int64_t {
@@ -61,13 +70,18 @@ enum Op : int64_t {
   kPushPullLocal = 13,  // kPushLocal then kPullLocal of the same key in one pass over the shard:
                         // arg: the gradient's address, word kOutField: where the updated shard goes,
                         // reply tag -> [status, version] once both are done
+  kPushShared = 14,      // as kPushLocal from another process of this host: arg is an address in process
+                         // kPidField, read with process_vm_readv
+  kPullShared = 15,      // as kPullLocal from another process of this host (process_vm_writev)
+  kPushPullShared = 16,  // as kPushPullLocal from another process of this host
 };
 
-enum Status : int64_t { kOk = 0, kUninitialized = 1, kBadRequest = 2, kBadState = 3 };
+enum Status : int64_t { kOk = 0, kUninitialized = 1, kBadRequest = 2, kBadState = 3, kMemoryAccess = 4 };
 
-// Header layout: [op, key, total, count, arg, reply_tag, out, 0].
+// Header layout: [op, key, total, count, arg, reply_tag, out, pid].
 enum HeaderField {
-  kOpField = 0, kKeyField = 1, kTotalField = 2, kCountField = 3, kArgField = 4, kReplyField = 5, kOutField = 6
+  kOpField = 0, kKeyField = 1, kTotalField = 2, kCountField = 3, kArgField = 4, kReplyField = 5, kOutField = 6,
+  kPidField = 7
 };
 
 constexpr int kHistogramBins = 64;  // staleness 0..62, and >= 63 in the last bin

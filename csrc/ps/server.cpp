@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <signal.h>
 #include <cstring>
 #include <functional>
@@ -115,6 +116,30 @@ bool process_gone(int pid) {
   return ::kill(pid, 0) != 0 && errno == ESRCH;
 }
 }  // namespace
+
+namespace {
+// Cross-memory attach: move bytes between this process and process `pid` of this host.
+// Returns 0, or the errno of the failure (EFAULT for a short transfer).
+int cma_copy(bool read, pid_t pid, void* local, void* remote, size_t bytes) {
+  char* l = static_cast<char*>(local);
+  char* r = static_cast<char*>(remote);
+  while (bytes > 0) {
+    iovec li{l, bytes}, ri{r, bytes};
+    ssize_t n = read ? ::process_vm_readv(pid, &li, 1, &ri, 1, 0) : ::process_vm_writev(pid, &li, 1, &ri, 1, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    if (n == 0) return EFAULT;
+    l += n;
+    r += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return 0;
+}
+}  // namespace
+
+int memory_probe(int pid, int64_t address, void* out, size_t bytes) {
+  return cma_copy(true, static_cast<pid_t>(pid), out, reinterpret_cast<void*>(address), bytes);
+}
 
 // A worker on this host whose process has ended without kDone has died: name it
 // at once (the launcher ends the job moments later; until then the others are
@@ -321,14 +346,18 @@ void Server::serve(const int64_t* h, int source) {
     case kPush:
     case kPushLocal:
     case kPushPullLocal:
+    case kPushShared:
+    case kPushPullShared:
     case kLoad:
       handle_data(h, source, worker);
       return;
     case kPull:
-    case kPullLocal: {
-      const bool local = op == kPullLocal;
+    case kPullLocal:
+    case kPullShared: {
+      const bool shared = op == kPullShared;
+      const bool local = op == kPullLocal || shared;  // answered with a header; the data moves in memory
       auto it = shards_.find(h[kKeyField]);
-      if (local && source != rank_) {
+      if (op == kPullLocal && source != rank_) {
         std::fprintf(stderr, "pycomm.ps: server on rank %d: an in-process pull from rank %d; refused\n", rank_, source);
         reply(source, tag, kBadRequest, 0, nullptr, 0, false);
         return;
@@ -343,9 +372,15 @@ void Server::serve(const int64_t* h, int source) {
       if (uses_backup()) backup(s, worker);
       if (local) {  // the worker waits for the answer, so its buffer is ours until then
         auto t0 = Clock::now();
-        std::memcpy(reinterpret_cast<float*>(h[kArgField]), s.w.data(), s.count * sizeof(float));
+        int err = 0;
+        if (shared)
+          err = cma_copy(false, static_cast<pid_t>(h[kPidField]), s.w.data(), reinterpret_cast<void*>(h[kArgField]),
+                         s.count * sizeof(float));
+        else
+          std::memcpy(reinterpret_cast<float*>(h[kArgField]), s.w.data(), s.count * sizeof(float));
         prof_.copy_s += since(t0);
-        reply(source, tag, kOk, static_cast<int64_t>(s.version), nullptr, 0, false);
+        if (err) report_memory_error("pull", worker, h, err);
+        reply(source, tag, err ? kMemoryAccess : kOk, static_cast<int64_t>(s.version), nullptr, 0, false);
       } else {
         reply(source, tag, kOk, static_cast<int64_t>(s.version), nullptr, 0, false);
         send_shard(source, tag, s);
@@ -445,8 +480,9 @@ void Server::handle_data(const int64_t* h, int source, int worker) {
     reply(source, tag, ok ? kOk : kBadState, 0, nullptr, 0, false);
     return;
   }
-  const bool local = op == kPushLocal || op == kPushPullLocal;
-  if (local && source != rank_) {
+  const bool shared = op == kPushShared || op == kPushPullShared;
+  const bool local = op == kPushLocal || op == kPushPullLocal || shared;  // no data messages: a reply header
+  if ((op == kPushLocal || op == kPushPullLocal) && source != rank_) {
     std::fprintf(stderr, "pycomm.ps: server on rank %d: an in-process push from rank %d; refused\n", rank_, source);
     reply(source, tag, kBadRequest, 0, nullptr, 0, false);
     return;
@@ -486,31 +522,62 @@ void Server::handle_data(const int64_t* h, int source, int worker) {
   }
   const kernels::PsUpdate u = begin_push(s, worker);
   if (local) {
-    // The worker's own buffers, used in place; it waits for the answer before reusing them.
+    // The worker's own buffers (in this process, or in process `pid` of this host), used in place:
+    // it waits for the answer before reusing them. Block by block: the gradient block (read into
+    // a cache-sized buffer when it lives in another process) updates the shard's block, which is
+    // then copied out while it is still in cache, so the shard is read once, not twice.
+    constexpr size_t kBlock = kCacheBlockFloats;
+    const bool pull = op == kPushPullLocal || op == kPushPullShared;
+    const pid_t pid = static_cast<pid_t>(h[kPidField]);
     const float* g = reinterpret_cast<const float*>(h[kArgField]);
-    if (op == kPushLocal) {
-      apply_push(s, worker, g, 0, count, u);
-      s.version += 1;
-    } else {
-      // Update a block, then copy it out while it is in cache: the shard is read once, not twice.
-      float* out = reinterpret_cast<float*>(h[kOutField]);
-      for (size_t b = 0; b < count; b += kChunkFloats) {
-        const size_t n = std::min(kChunkFloats, count - b);
-        apply_push(s, worker, g + b, b, n, u);
+    float* out = reinterpret_cast<float*>(h[kOutField]);
+    if (shared) bounce_.resize(kBlock);
+    size_t applied = 0;
+    int err = 0;
+    for (size_t b = 0; b < count && err == 0; b += kBlock) {
+      const size_t n = std::min(kBlock, count - b);
+      const float* gb = g + b;
+      if (shared) {
         auto t0 = Clock::now();
-        std::memcpy(out + b, s.w.data() + b, n * sizeof(float));
-        prof_.copy_s += since(t0);
+        err = cma_copy(true, pid, bounce_.data(), const_cast<float*>(g + b), n * sizeof(float));
+        prof_.recv_s += since(t0);
+        if (err) break;
+        gb = bounce_.data();
       }
-      s.version += 1;
+      apply_push(s, worker, gb, b, n, u);
+      applied = b + n;
+      if (!pull) continue;
+      auto t0 = Clock::now();
+      if (shared)
+        err = cma_copy(false, pid, s.w.data() + b, out + b, n * sizeof(float));
+      else
+        std::memcpy(out + b, s.w.data() + b, n * sizeof(float));
+      prof_.copy_s += since(t0);
+    }
+    if (applied > 0) s.version += 1;  // a push cut short by a memory error changed elements [0, applied)
+    if (pull && err == 0) {
       s.pulled_version[static_cast<size_t>(worker)] = s.version;
       if (uses_backup()) backup(s, worker);
     }
-    reply(source, tag, kOk, static_cast<int64_t>(s.version), nullptr, 0, false);
+    if (err) report_memory_error(pull ? "push_pull" : "push", worker, h, err, applied);
+    reply(source, tag, err ? kMemoryAccess : kOk, static_cast<int64_t>(s.version), nullptr, 0, false);
     return;
   }
   recv_push_chunks(count, source,
                    [&](const float* g, size_t b, size_t n) { apply_push(s, worker, g, b, n, u); });
   s.version += 1;
+}
+
+// A worker's memory could not be read or written (its process ended, or the kernel refused):
+// name it; the worker's request fails with kMemoryAccess.
+void Server::report_memory_error(const char* what, int worker, const int64_t* h, int err, size_t applied) {
+  std::fprintf(stderr,
+               "pycomm.ps: server on rank %d: %s of key %lld by worker %d (rank %d, pid %lld): cannot reach the "
+               "worker's memory (%s); %zu of %lld element(s) of its gradient were applied\n",
+               rank_, what, static_cast<long long>(h[kKeyField]), worker, workers_[static_cast<size_t>(worker)],
+               static_cast<long long>(h[kPidField]), std::strerror(err), applied,
+               static_cast<long long>(h[kCountField]));
+  std::fflush(stderr);
 }
 
 void Server::answer_clocks() {

@@ -42,6 +42,10 @@ struct ServerConfig {
   double liveness_check_s = 0.01;  // a few /proc reads per 10 ms; well inside the launcher's teardown
 };
 
+// Reads `bytes` at `address` in process `pid` of this host into out (process_vm_readv):
+// 0, or the errno. The ParameterServer probes with it whether a server may reach a worker's memory.
+int memory_probe(int pid, int64_t address, void* out, size_t bytes);
+
 class Server {
  public:
   // comm: the parameter-server communicator; workers: their ranks in it (worker i = workers[i]).
@@ -82,6 +86,7 @@ class Server {
   };
 
   void serve(const int64_t* h, int source);
+  void report_memory_error(const char* what, int worker, const int64_t* h, int err, size_t applied = 0);
   void handle_data(const int64_t* h, int source, int worker);
   void reply(int dest, int tag, int64_t status, int64_t value, const void* data, size_t bytes, bool send_data);
   void send_copy(int dest, int tag, const void* data, size_t bytes);
@@ -121,6 +126,7 @@ class Server {
   std::vector<char> reported_;
   std::list<Outgoing> outgoing_;
   std::vector<float> scratch_;
+  std::vector<float> bounce_;  // a gradient block read from a worker of this host (kCacheBlockFloats)
   std::vector<MPI_Request> chunk_requests_;
   Profile prof_;
   bool profile_ = false;

@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import os
 import socket
+import warnings
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -32,7 +33,8 @@ from .. import _C
 from ..runtime import CommError, mpi, topology, world_comm
 from .rules import UpdateRule
 
-_STATUS = {1: "no worker has initialized it yet", 2: "the servers' shard has another size", 3: "bad server state"}
+_STATUS = {1: "no worker has initialized it yet", 2: "the servers' shard has another size", 3: "bad server state",
+           4: "the server could not reach this worker's memory (its stderr names the error)"}
 HIST_BINS = 64
 
 
@@ -87,7 +89,7 @@ class ParameterServer:
 
     def __init__(self, rule: Optional[UpdateRule] = None, servers: Optional[int] = None,
                  staleness_bound: Optional[int] = None, stall_report_s: float = 60.0,
-                 worker_ranks: Optional[Sequence[int]] = None):
+                 worker_ranks: Optional[Sequence[int]] = None, shared_memory: Optional[bool] = None):
         topo = topology()
         self.rule = UpdateRule() if rule is None else rule
         if not isinstance(self.rule, UpdateRule):
@@ -130,6 +132,9 @@ class ParameterServer:
                               for r in self.worker_ranks]
         self._server = _C.PsServer(self.comm.py2f(), self.worker_ranks, cfg) if self.is_server else None
         self._client = _C.PsClient(self.comm.py2f(), self.server_ranks) if self.is_worker else None
+        self.shared_servers, self.shared_memory_error = self._probe_shared_memory(ident, shared_memory)
+        if self._client is not None:
+            self._client.set_shared([self.server_ranks.index(r) for r in self.shared_servers])
         self._entries: Dict[str, _Entry] = {}
         self.clock_value = 0
         self.bytes_pushed = self.bytes_pulled = 0
@@ -138,6 +143,49 @@ class ParameterServer:
         if self._threaded:
             self._server.start()
         atexit.register(self.shutdown)
+
+    def _probe_shared_memory(self, ident, wanted: Optional[bool]) -> Tuple[List[int], Optional[str]]:
+        """Which servers reach this worker's memory directly (collective). A server on the worker's host (same
+        host name and pid namespace) reads a token from every such worker with process_vm_readv; where that
+        works, push, pull and push_pull to it carry only a header (protocol.h kPushShared). wanted: None uses
+        it where it works (PYCOMM_PS_SHARED_MEMORY=0 turns it off), False never, True requires it. Where it
+        is used and the kernel refuses (ptrace restrictions, seccomp), the worker warns once and its data to
+        those servers goes through MPI messages; with True on any rank, every rank raises instead."""
+        required = wanted is True
+        if wanted is None:
+            wanted = os.environ.get("PYCOMM_PS_SHARED_MEMORY", "1").lower() not in ("0", "false", "no", "off")
+        token = np.frombuffer(os.urandom(16), dtype=np.uint8).copy()
+        where = self.comm.allgather((int(token.ctypes.data), token.tobytes(), bool(wanted), required))
+        use = all(w[2] for w in where)
+        if any(w[3] for w in where) and not use:
+            raise CommError(f"pycomm.ps on rank {self.rank}: shared_memory=True on some ranks and off on others "
+                            f"(ranks off: {[r for r, w in enumerate(where) if not w[2]]})")
+        reached, errors = [], {}
+        if use and self.is_server:
+            for r in self.worker_ranks:
+                if r == self.rank or ident[r][:2] != ident[self.rank][:2] or ident[r][1] is None:
+                    continue
+                err, data, text = _C.ps_memory_probe(ident[r][2], where[r][0], 16)
+                if err == 0 and data == where[r][1]:
+                    reached.append(r)
+                else:
+                    errors[r] = text or "read back other bytes"
+        results = self.comm.allgather((reached, errors))  # also: every server is done reading the tokens
+        del token
+        shared = [self.server_ranks[j] for j, r in enumerate(self.server_ranks) if self.rank in results[r][0]]
+        if any(err for _, err in results) and any(w[3] for w in where):
+            pairs = [f"server rank {srv} -> worker rank {wr}: {text}"
+                     for srv, (_, err) in enumerate(results) for wr, text in sorted(err.items())]
+            raise CommError("pycomm.ps: shared_memory=True, but servers cannot reach the memory of workers on "
+                            "their host (process_vm_readv): " + "; ".join(pairs))
+        missed = {srv: err[self.rank] for srv, (_, err) in enumerate(results) if self.rank in err}
+        if not missed:
+            return shared, None
+        error = "; ".join(f"server rank {srv}: {text}" for srv, text in sorted(missed.items()))
+        warnings.warn(f"pycomm.ps on rank {self.rank}: servers on this host cannot reach this worker's memory "
+                      f"(process_vm_readv: {error}); its pushes and pulls to them go through MPI messages",
+                      RuntimeWarning, stacklevel=3)
+        return shared, error
 
     # -- names -----------------------------------------------------------------
     def _worker_only(self, what: str) -> None:

@@ -45,9 +45,13 @@ def grad_of(w, k, turn):
     return (0.5 * w + g.standard_normal(w.shape)).astype(np.float32)
 
 
-def run_schedule(servers, rule_kw, order, seed=0, mode="async", shapes=SHAPES):
-    """mode: "async" (push_async, then pull_async), "blocking" (push, then pull) or "push_pull"."""
-    ps = ParameterServer(UpdateRule(**rule_kw), servers=servers)
+def run_schedule(servers, rule_kw, order, seed=0, mode="async", shapes=SHAPES, shared=None):
+    """mode: "async" (push_async, then pull_async), "blocking" (push, then pull) or "push_pull".
+    shared: ParameterServer's shared_memory (None: servers of this host reach the worker's memory directly,
+    False: every byte to another process goes through MPI messages)."""
+    ps = ParameterServer(UpdateRule(**rule_kw), servers=servers, shared_memory=shared)
+    if shared is False:
+        assert ps.shared_servers == []
     if not ps.is_worker:
         ps.serve()
         return None
@@ -107,18 +111,19 @@ def orders(W, turns, seed):
     return np.random.default_rng(seed).integers(0, W, size=turns).tolist()
 
 
+@pytest.mark.parametrize("shared", [None, False])
 @pytest.mark.parametrize("servers", [0, 1, 2])
 @pytest.mark.parametrize("rule", [dict(lr=0.05), dict(lr=0.05, momentum=0.9, weight_decay=1e-3),
                                   dict(lr=0.05, compensation="constant", dc_lambda=0.5),
                                   dict(lr=0.05, momentum=0.5, compensation="adaptive", dc_lambda=2.0),
                                   dict(adadelay=True, adadelay_L=20.0, adadelay_c=0.5)])
-def test_schedule_matches_numpy(servers, rule):
+def test_schedule_matches_numpy(servers, rule, shared):
     if servers not in placements():
         pytest.skip(f"{servers} dedicated servers need more ranks")
     n = pycomm.size()
     W = n - servers
     mode = {0: "push_pull", 1: "blocking", 2: "async"}[servers]
-    run_schedule(servers, rule, orders(W, 6 * W + 3, seed=servers + 7), mode=mode)
+    run_schedule(servers, rule, orders(W, 6 * W + 3, seed=servers + 7), mode=mode, shared=shared)
 
 
 # Shards of several chunks (pycomm.ps sends push data in 1 MiB chunks and updates each as it lands, in a
@@ -127,20 +132,22 @@ def test_schedule_matches_numpy(servers, rule):
 CHUNK = 1 << 18  # floats per chunk (protocol.h kChunkBytes / 4)
 
 
+@pytest.mark.parametrize("shared", [None, False])
 @pytest.mark.parametrize("mode", ["async", "push_pull"])
 @pytest.mark.parametrize("servers", [0, 1])
-def test_multi_chunk_shards_match_numpy(servers, mode):
+def test_multi_chunk_shards_match_numpy(servers, mode, shared):
     if servers not in placements():
         pytest.skip(f"{servers} dedicated servers need more ranks")
     K = pycomm.size() if servers == 0 else servers
     shapes = {"big": (K * (5 * CHUNK + 4099) + 3,), "b": (5,)}
     W = pycomm.size() - servers
     rule = dict(lr=0.05, momentum=0.5, compensation="adaptive", dc_lambda=2.0)  # offsets of v, ms and w_bak
-    run_schedule(servers, rule, orders(W, 2 * W + 1, seed=servers + 3), shapes=shapes, mode=mode)
+    run_schedule(servers, rule, orders(W, 2 * W + 1, seed=servers + 3), shapes=shapes, mode=mode, shared=shared)
 
 
+@pytest.mark.parametrize("shared", [None, False])
 @pytest.mark.parametrize("servers", [0, 1])
-def test_push_pull_replies_are_whole_updates_while_others_push(servers):
+def test_push_pull_replies_are_whole_updates_while_others_push(servers, shared):
     """Every worker push_pulls at once, with no schedule, so pushes of other workers land on a shard while
     a reply of it is read (copy-on-write of a shard still being sent, chunked pushes updated as they land).
     All gradients are equal, so the state after k updates is known whatever the order: with momentum,
@@ -150,7 +157,7 @@ def test_push_pull_replies_are_whole_updates_while_others_push(servers):
     if servers not in placements():
         pytest.skip(f"{servers} dedicated servers need more ranks")
     lr, m = 0.5, 0.9
-    ps = ParameterServer(UpdateRule(lr=lr, momentum=m), servers=servers)
+    ps = ParameterServer(UpdateRule(lr=lr, momentum=m), servers=servers, shared_memory=shared)
     if not ps.is_worker:
         ps.serve()
         return
@@ -182,6 +189,46 @@ def test_push_pull_replies_are_whole_updates_while_others_push(servers):
     ps.pull("w", out)
     assert np.allclose(out.numpy(), ref[-1], rtol=2e-6, atol=0), (np.unique(out.numpy())[:6], ref[-1])
     ps.shutdown()
+
+
+def test_shared_memory_reaches_every_server_of_the_host():
+    """On one host (every rank here), a worker's requests to every other server's process go through shared
+    memory: each server read the worker's probe token with process_vm_readv."""
+    ps = ParameterServer(UpdateRule(lr=0.1), servers=1 if pycomm.size() >= 2 else 0)
+    if ps.is_worker:
+        others = [r for r in ps.server_ranks if r != pycomm.rank()]
+        assert ps.shared_memory_error is None, ps.shared_memory_error
+        assert ps.shared_servers == others
+    else:
+        ps.serve()
+    ps.shutdown()
+
+
+def test_shared_memory_refused_warns_and_falls_back_to_messages(monkeypatch):
+    """Where the kernel refuses (simulated: every probe fails with EPERM), a worker warns once, names the
+    servers, and its data goes through MPI messages with the same results; with shared_memory=True every
+    rank raises instead of starting."""
+    from pycomm import _C
+
+    monkeypatch.setattr(_C, "ps_memory_probe", lambda pid, address, n: (1, b"", "Operation not permitted"))
+    n = pycomm.size()
+    if n == 1:
+        ps = ParameterServer(UpdateRule(lr=0.1))  # no other process: nothing to probe, nothing to warn about
+        assert ps.shared_servers == [] and ps.shared_memory_error is None
+        ps.shutdown()
+        return
+    with pytest.warns(RuntimeWarning, match=r"cannot reach this worker's memory \(process_vm_readv: server rank "):
+        ps = ParameterServer(UpdateRule(lr=0.5))
+    assert ps.shared_servers == [] and "Operation not permitted" in ps.shared_memory_error
+    w = torch.zeros(1000)
+    ps.register({"w": w})
+    ps.push_pull("w", torch.ones(1000), w)
+    ps.barrier()
+    ps.pull("w", w)
+    assert np.array_equal(w.numpy(), np.full(1000, -0.5 * n, np.float32))
+    ps.shutdown()
+    with pytest.raises(pycomm.CommError, match=r"shared_memory=True, but servers cannot reach .* worker rank"):
+        ParameterServer(UpdateRule(lr=0.5), shared_memory=True)
 
 
 def test_blocking_and_round_robin_staleness():
