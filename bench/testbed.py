@@ -88,7 +88,7 @@ def sendrecv_time(comm, MPI, topo, nbytes: int) -> float:
     return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
 
 
-def stage_breakdown(args, combos, x, comm, MPI, topo) -> None:
+def stage_breakdown(args, combos, x, comm, MPI, topo, rows) -> None:
     """--stages: where the time of each compressed row (and hierarchical/none) goes, from pycomm's
     timeline (every rank records its ranges; per range the median over --iters calls, then the mean
     over ranks), beside a plain copy of S bytes on every rank at once (torch copy_, the same machine
@@ -99,6 +99,7 @@ def stage_breakdown(args, combos, x, comm, MPI, topo) -> None:
 
     import pycomm
 
+    table = {(r["algorithm"], r["compression"]): r for r in rows}  # the table's rows, measured above
     rows = [c for c in combos if c[1] != "none" or c[0] == "hierarchical"]
     report = []
     tmp = tempfile.mkdtemp(prefix="pycomm_stages_") if comm.rank == 0 else None
@@ -166,6 +167,13 @@ def stage_breakdown(args, combos, x, comm, MPI, topo) -> None:
             print(f"# onebit across nodes: at least {traffic / 2**20:.0f} MiB read+written per rank "
                   f"({traffic / nbytes:.1f} S) = {floor * 1e3:.1f} ms at the copy's rate "
                   f"({traffic / nbytes / 2:.1f} x the copy), before any link time")
+            hier, onebit = table.get(("hierarchical", "none")), table.get(("auto", "onebit"))
+            if hier and onebit:
+                link = onebit["model_time_measured_link_s"]
+                print(f"# so onebit takes at least {floor * 1e3:.1f} + {link * 1e3:.1f} ms (its bytes at the link rate "
+                      f"measured above) and can be at most {hier['time_s'] / (floor + link):.2f}x faster than "
+                      f"hierarchical/none ({hier['time_s'] * 1e3:.0f} ms in the table); measured "
+                      f"{hier['time_s'] / onebit['time_s']:.2f}x")
         sys.stdout.flush()
 
 
@@ -282,7 +290,7 @@ def measure(args) -> int:
                           fh, indent=1)
         sys.stdout.flush()
     if args.stages:
-        stage_breakdown(args, combos, x, comm, MPI, topo)
+        stage_breakdown(args, combos, x, comm, MPI, topo, rows)
     pycomm.shutdown()
     return 0
 
