@@ -88,6 +88,95 @@ def sendrecv_time(comm, MPI, topo, nbytes: int) -> float:
     return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
 
 
+def stage_breakdown(args, combos, x, comm, MPI, topo, rows) -> None:
+    """--stages: where the time of each compressed row (and hierarchical/none) goes, from pycomm's
+    timeline (every rank records its ranges; per range the median over --iters calls, then the mean
+    over ranks), beside a plain copy of S bytes on every rank at once (torch copy_, the same machine
+    and load) -- the memory bandwidth the in-host stages share."""
+    import tempfile
+
+    import torch
+
+    import pycomm
+
+    table = {(r["algorithm"], r["compression"]): r for r in rows}  # the table's rows, measured above
+    rows = [c for c in combos if c[1] != "none" or c[0] == "hierarchical"]
+    report = []
+    tmp = tempfile.mkdtemp(prefix="pycomm_stages_") if comm.rank == 0 else None
+    tmp = comm.bcast(tmp)
+    for algorithm, compression, kw, name in rows:
+        path = os.path.join(tmp, f"{algorithm}.{compression}.json")
+        totals = []
+        pycomm.start_timeline(path)
+        for _ in range(args.iters):
+            y = x.clone()
+            comm.Barrier()
+            t0 = time.perf_counter()
+            pycomm.allreduce(y, algorithm=algorithm, name=name, **kw)
+            totals.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+        mine = pycomm.timeline_path()
+        pycomm.stop_timeline()
+        with open(mine) as fh:
+            events = json.load(fh)["traceEvents"]
+        stacks, durations, order = {}, {}, []
+        for e in events:
+            if e.get("ph") == "B":
+                key = (len(stacks.setdefault(e["tid"], [])), e["name"])
+                if key not in order:
+                    order.append(key)  # in the order the ranges open
+                stacks[e["tid"]].append(e)
+            elif e.get("ph") == "E" and stacks.get(e["tid"]):
+                b = stacks[e["tid"]].pop()
+                durations.setdefault((len(stacks[e["tid"]]), b["name"]), []).append((e["ts"] - b["ts"]) / 1e3)
+        med = {k: statistics.median(v) for k, v in durations.items() if len(v) >= args.iters}
+        all_med = comm.allgather(med)
+        keys = [k for k in order if all(k in m for m in all_med)]
+        report.append((algorithm, compression, statistics.median(totals) * 1e3,
+                       [(depth, nm, statistics.mean(m[(depth, nm)] for m in all_med)) for depth, nm in keys]))
+    # A plain copy of S on every rank at once: what the memory system gives the ranks together.
+    src = x.clone()
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    copies = []
+    for _ in range(max(args.iters, 3)):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        copies.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    t_copy = statistics.median(copies)
+    if comm.rank == 0:
+        nbytes = x.numel() * 4
+        print(f"\n# stages (--stages): mean over the {topo.size} ranks of each range's median over {args.iters} "
+              f"calls, ms; nested ranges indented")
+        for algorithm, compression, total, ranges in report:
+            print(f"{algorithm}/{compression}: {total:.1f} ms per call (slowest rank, median)")
+            for depth, nm, ms in ranges:
+                print(f"  {'  ' * depth}{nm:<28}{ms:>9.1f}")
+        print(f"# copy of S = {nbytes >> 20} MiB on all {topo.size} ranks at once (torch copy_, median of "
+              f"{len(copies)}): {t_copy * 1e3:.1f} ms = {nbytes / t_copy / 1e9:.2f} GB/s copied per rank, "
+              f"{topo.size * 2 * nbytes / t_copy / 1e9:.2f} GB/s read+written by all ranks")
+        if topo.num_nodes > 1 and topo.local_size > 1:
+            # onebit's hierarchical form must at least, per rank: read its input (S) and write the slice's
+            # node sum (S/L); compress it: read the sum and read+write the worker residual (3 S/L); the
+            # server: zero its accumulator, M read+write passes adding the blocks, then read it and
+            # read+write the server residual ((4 + 2M) S/(LM)); write the output (S). At the rate the
+            # copy above reads+writes per rank (2 S / t_copy):
+            L, M = topo.local_size, topo.num_nodes
+            traffic = 2 * nbytes + 4 * nbytes / L + (4 + 2 * M) * nbytes / (L * M)
+            floor = traffic / (2 * nbytes / t_copy)
+            print(f"# onebit across nodes: at least {traffic / 2**20:.0f} MiB read+written per rank "
+                  f"({traffic / nbytes:.1f} S) = {floor * 1e3:.1f} ms at the copy's rate "
+                  f"({traffic / nbytes / 2:.1f} x the copy), before any link time")
+            hier, onebit = table.get(("hierarchical", "none")), table.get(("auto", "onebit"))
+            if hier and onebit:
+                link = onebit["model_time_measured_link_s"]
+                print(f"# so onebit takes at least {floor * 1e3:.1f} + {link * 1e3:.1f} ms (its bytes at the link rate "
+                      f"measured above) and can be at most {hier['time_s'] / (floor + link):.2f}x faster than "
+                      f"hierarchical/none ({hier['time_s'] * 1e3:.0f} ms in the table); measured "
+                      f"{hier['time_s'] / onebit['time_s']:.2f}x")
+        sys.stdout.flush()
+
+
 def measure(args) -> int:
     import torch
 
@@ -200,6 +289,8 @@ def measure(args) -> int:
                 json.dump({"link_gbps": args.link_gbps, "link_measured_gbps": link_meas * 8 / 1e9, "rows": rows},
                           fh, indent=1)
         sys.stdout.flush()
+    if args.stages:
+        stage_breakdown(args, combos, x, comm, MPI, topo, rows)
     pycomm.shutdown()
     return 0
 
@@ -214,6 +305,9 @@ def main(argv=None) -> int:
     p.add_argument("--compressions", nargs="*", default=None, help="subset of pycomm's compressions")
     p.add_argument("--json", default=None, help="write the rows here (rank 0)")
     p.add_argument("--markdown", action="store_true", help="also print the table as markdown (the README's)")
+    p.add_argument("--stages", action="store_true",
+                   help="then time each stage of the compressed rows and hierarchical/none (pycomm's timeline) "
+                        "beside a copy of S on every rank at once")
     args = p.parse_args(argv)
     from pycomm.testbed import ENV_MARKER, relaunch
 

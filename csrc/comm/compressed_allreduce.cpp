@@ -22,11 +22,6 @@
 
 namespace pycomm {
 namespace comm {
-namespace shm_detail {  // shm_allreduce.cpp
-void reduce_scatter_into_segments(const Buffer& buf, ReduceOp op, ShmWindow& shm);
-void allgather_from_segments(const Buffer& buf, ShmWindow& shm);
-}  // namespace shm_detail
-
 const char* compression_name(Compression c) {
   switch (c) {
     case Compression::FP16: return "fp16";
@@ -163,6 +158,15 @@ T* sized(std::vector<T>& v, size_t n) {
   return v.data();
 }
 
+void check_int(size_t bytes, const char* what) {
+  if (bytes > static_cast<size_t>(INT32_MAX))
+    throw CommError(std::string("compressed allreduce: ") + what + " is larger than 2 GiB per rank");
+}
+
+}  // namespace
+
+namespace compressed_detail {
+
 // 1 if any kept element of x is inf or NaN.
 int has_nonfinite(const float* x, const uint8_t* mask, size_t n) {
   int bad = 0;
@@ -181,12 +185,10 @@ int half_has_nonfinite(const void* h, size_t n, DType half) {
   return 0;
 }
 
-void check_int(size_t bytes, const char* what) {
-  if (bytes > static_cast<size_t>(INT32_MAX))
-    throw CommError(std::string("compressed allreduce: ") + what + " is larger than 2 GiB per rank");
-}
+}  // namespace compressed_detail
 
-}  // namespace
+using compressed_detail::half_has_nonfinite;
+using compressed_detail::has_nonfinite;
 
 void half_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, size_t ring_chunk_bytes,
                                CompressedStats* stats) {
@@ -229,11 +231,13 @@ void half_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, size_t ri
   kernels::cast_to_float_cpu(h, out, n, half, 1.0f);
 }
 
-namespace {
+namespace compressed_detail {
 
 // Steps 1-5 of the header's scheme over `comm`, with the server's weight w
 // (1/N for an average over N ranks, 1 for a sum). Inputs are finite.
-void onebit_two_phase(const CompressedArgs& a, MPI_Comm comm, float weight) {
+// gathered_into: step 4's allgather lands there (size * block bytes) and
+// step 5 is left to the caller (a.output is not written).
+void onebit_two_phase(const CompressedArgs& a, MPI_Comm comm, float weight, uint8_t* gathered_into) {
   int rank = 0, size = 1;
   PYCOMM_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   PYCOMM_MPI_CHECK(MPI_Comm_size(comm, &size));
@@ -254,7 +258,7 @@ void onebit_two_phase(const CompressedArgs& a, MPI_Comm comm, float weight) {
   std::lock_guard<std::mutex> lock(s.mu);
   uint8_t* send = sized(s.a, B * size);
   uint8_t* recv = sized(s.b, B * size);
-  uint8_t* gathered = sized(s.c, B * size);
+  uint8_t* gathered = gathered_into ? gathered_into : sized(s.c, B * size);
   float* acc = sized(s.f, m);
 
   // 1. Worker: chunk j of x + e_w -> bits and scale, straight into the block for rank j.
@@ -300,6 +304,7 @@ void onebit_two_phase(const CompressedArgs& a, MPI_Comm comm, float weight) {
     PYCOMM_MPI_CHECK(MPI_Allgather(mine, static_cast<int>(B), MPI_BYTE, gathered, static_cast<int>(B), MPI_BYTE, comm));
   else
     std::memcpy(gathered, mine, B);
+  if (gathered_into) return;
   phase.next("DECOMPRESS");
   for (int j = 0; j < size; ++j) {
     const uint8_t* block = gathered + static_cast<size_t>(j) * B;
@@ -311,7 +316,7 @@ void onebit_two_phase(const CompressedArgs& a, MPI_Comm comm, float weight) {
   }
 }
 
-}  // namespace
+}  // namespace compressed_detail
 
 void onebit_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, CompressedStats* stats) {
   int rank = 0, size = 1;
@@ -323,60 +328,7 @@ void onebit_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, Compres
   if (n == 0) return;
   agree_finite(has_nonfinite(static_cast<const float*>(a.input.data), static_cast<const uint8_t*>(a.mask.data), n),
                comm, size, a, "inf or NaN");
-  onebit_two_phase(a, comm, a.average ? 1.0f / static_cast<float>(size) : 1.0f);
-}
-
-void hierarchical_compressed_allreduce(const CompressedArgs& a, const Topology& topo, ShmWindow& shm,
-                                       size_t ring_chunk_bytes, CompressedStats* stats) {
-  const size_t n = a.input.count;
-  const compressed_detail::NodeSlice slice = compressed_detail::node_slice(a, topo, stats);
-  const int M = slice.M;
-  const size_t begin = slice.begin, len = slice.len;
-  if (n == 0) return;
-  const uint8_t* mask = static_cast<const uint8_t*>(a.mask.data);
-  // 1. Inputs, checked on every rank so that the error names the ranks that passed inf/NaN.
-  agree_finite(has_nonfinite(static_cast<const float*>(a.input.data), mask, n), topo.world, topo.size, a,
-               "inf or NaN");
-  // 2. Slice `me` of the node's float32 sum, in this rank's window segment.
-  timeline::Phase phase("LOCAL_REDUCE_SCATTER");
-  shm_detail::reduce_scatter_into_segments(a.input, ReduceOp::SUM, shm);
-  phase.next("CROSS_NODE");
-  float* shard = reinterpret_cast<float*>(shm.mine()) + begin;
-  const float weight = a.average ? 1.0f / static_cast<float>(topo.size) : 1.0f;
-
-  // 3. The compressed scheme across nodes, on the slice. Every rank learns
-  //    whether any slice overflowed before any output or residual is written.
-  if (a.compression == Compression::ONEBIT) {
-    const uint8_t* slice_mask = mask ? mask + begin : nullptr;
-    if (any_rank(has_nonfinite(shard, slice_mask, len), topo.world)) compressed_detail::throw_node_sum_overflow(a);
-    CompressedArgs c = a;
-    c.input.data = c.output.data = shard;
-    c.input.count = c.output.count = len;
-    c.worker_residual.data = static_cast<float*>(a.worker_residual.data) + begin;
-    c.worker_residual.count = len;
-    c.server_residual.count = onebit_layout(len, M).chunk;  // a prefix of the flat layout's chunk (see header)
-    c.mask.data = const_cast<uint8_t*>(slice_mask);
-    onebit_two_phase(c, topo.cross, weight);
-  } else {
-    const DType half = a.compression == Compression::BF16 ? DType::BF16 : DType::F16;
-    Scratch& s = scratch();
-    std::lock_guard<std::mutex> lock(s.mu);
-    void* h = sized(s.a, len * 2);
-    int overflow = 0;
-    kernels::cast_to_half_cpu(shard, h, len, half, weight, &overflow);  // pre-divided, as in the flat form
-    Buffer hb;
-    hb.data = h;
-    hb.count = len;
-    hb.dtype = half;
-    if (M > 1 && len) ring_allreduce(hb, ReduceOp::SUM, topo.cross, ring_chunk_bytes);
-    overflow |= half_has_nonfinite(h, len, half);
-    if (any_rank(overflow, topo.world)) compressed_detail::throw_half_overflow(a, half);
-    kernels::cast_to_float_cpu(h, shard, len, half, 1.0f);
-  }
-  // 4. Every slice out of the window, into every rank's output.
-  phase.next("LOCAL_ALLGATHER");
-  shm.fence();
-  shm_detail::allgather_from_segments(a.output, shm);
+  compressed_detail::onebit_two_phase(a, comm, a.average ? 1.0f / static_cast<float>(size) : 1.0f, nullptr);
 }
 
 WorkPtr Engine::compressed_allreduce(const CompressedArgs& args, std::shared_ptr<void> keepalive, bool blocking) {
@@ -449,7 +401,7 @@ WorkPtr Engine::compressed_allreduce(const CompressedArgs& args, std::shared_ptr
       else
         device_compressed_allreduce(args, topo_.world, ops, wire, &st);
     } else if (across_nodes)
-      hierarchical_compressed_allreduce(args, topo_, shm(), active_.ring_chunk_bytes, &st);
+      hierarchical_compressed_allreduce(args, topo_, shm(), active_.shm_chunk_bytes, &st);
     else if (args.compression == Compression::ONEBIT)
       onebit_compressed_allreduce(args, topo_.world, &st);
     else

@@ -86,24 +86,27 @@ void half_compressed_allreduce(const CompressedArgs& args, MPI_Comm comm, size_t
 void onebit_compressed_allreduce(const CompressedArgs& args, MPI_Comm comm, CompressedStats* stats);
 
 // Across nodes (the engine's choice when the job spans nodes of equal size
-// with more than one rank each), only the cross-node stage is compressed:
-//   1. every rank checks its own input for inf/NaN, agreed over the world;
-//   2. the node's L ranks sum in float32 through the shm window; local rank l
-//      ends with slice l of the node sum (about n/L elements) in its segment;
-//   3. the compressed scheme above runs on slice l among the M ranks with local
-//      rank l (the cross communicator), weighted 1/N (N = L M ranks) for an
-//      average; an overflow anywhere is agreed over the world before any output
-//      or residual is written;
-//   4. every rank copies the L slices out of the window.
-// Bytes a rank sends across nodes: fp16/bf16 2 (M-1)/M * 2 n/L; onebit
+// with more than one rank each), only the cross-node stage is compressed: the
+// node's L ranks sum in float32 through the shm window, local rank l owning
+// slice l (about n/L elements); the compressed scheme above runs on slice l
+// among the M ranks with local rank l (the cross communicator), weighted 1/N
+// (N = L M ranks) for an average; the node's ranks take the result out of the
+// window. fp16/bf16 run it chunk by chunk, the cross-node exchange of one
+// chunk on the link while the node sums the next; onebit sums the node chunk
+// by chunk, then runs its scheme on the whole slice (its scales are per slice).
+// Schedule and bytes: hierarchical_compressed_allreduce.cpp. Inf/NaN in any
+// input, and an overflow of a node sum or a half sum anywhere, are agreed over
+// the world before any output or residual is written.
+// Bytes a rank sends across nodes: fp16/bf16 about 2 (M-1)/M * 2 n/L; onebit
 // 2 (M-1) (ceil(n/8N) + 4) -- against 2 (M-1)/M * 4 n/L for the uncompressed
 // hierarchical allreduce. The residuals keep the flat form's shapes (worker n,
 // server ceil(n/8N)*8): local rank l uses the worker residual of its slice,
 // and a prefix of the server residual (ceil(ceil(n/L)/8M) = ceil(n/8N), so it fits).
-// CompressedStats::wire_bytes counts the cross-node bytes.
+// CompressedStats::wire_bytes counts the cross-node bytes. shm_chunk_bytes:
+// the float32 bytes of one chunk of the node's L slices (0: one chunk).
 class ShmWindow;
 void hierarchical_compressed_allreduce(const CompressedArgs& args, const Topology& topo, ShmWindow& shm,
-                                       size_t ring_chunk_bytes, CompressedStats* stats);
+                                       size_t shm_chunk_bytes, CompressedStats* stats);
 
 // The same on tensors in device memory (device_compressed_allreduce.cpp): the
 // flat form over `comm`, every kernel on the tensor's memory through `ops`,
@@ -129,10 +132,12 @@ void device_compressed_allreduce(const CompressedArgs& args, MPI_Comm comm, Devi
 // The hierarchical form on device memory, where the host form runs it (nodes of
 // equal size with several ranks each): the node's float32 sum uncompressed, the
 // wire format (device kernels) only across nodes, the same slices, weights,
-// residual shapes, checks and wire bytes as hierarchical_compressed_allreduce,
-// whose result it equals bitwise when `ops` runs the CPU kernels (fp16/bf16
-// staged: when the slice's half buffer fits one staging chunk, or with two nodes,
-// where each cross-node sum is one commutative addition). The node stages:
+// residual shapes, checks and cross-node bytes (fp16/bf16: up to the rounding
+// of the host form's per-chunk rings) as hierarchical_compressed_allreduce,
+// whose result it equals bitwise when `ops` runs the CPU kernels (fp16/bf16:
+// with two nodes, where each cross-node sum is one commutative addition; with
+// more, when the slice's half buffer fits one staging chunk and the host form
+// runs in one chunk, S <= shm_chunk_bytes). The node stages:
 //   direct (wire.direct, CUDA-aware MPI): point-to-point on device buffers over
 //     topo.local, reductions on the device (the mover's reduce);
 //   staged: through the host window `shm` (the host form's float32 sum), the
@@ -162,6 +167,14 @@ struct NodeSlice {
   size_t begin = 0, len = 0;
 };
 NodeSlice node_slice(const CompressedArgs& a, const Topology& topo, CompressedStats* stats);
+// 1 if any kept element of x (mask: 1 keeps; nullptr keeps all) is inf or NaN.
+int has_nonfinite(const float* x, const uint8_t* mask, size_t n);
+// 1 if any element of the half buffer is inf or NaN.
+int half_has_nonfinite(const void* h, size_t n, DType half);
+// The onebit scheme's steps 1-5 over `comm` with the server weight; with
+// gathered_into, step 4's allgather (size blocks) lands there and step 5 is
+// the caller's.
+void onebit_two_phase(const CompressedArgs& a, MPI_Comm comm, float weight, uint8_t* gathered_into);
 }  // namespace compressed_detail
 
 }  // namespace comm

@@ -197,6 +197,143 @@ def test_compressed_inf_is_reported_on_every_rank(comm):
     assert torch.equal(y, torch.full((5000,), float(topo.size)))
 
 
+# ---- the pipelined form: the node's chunks through a cache-sized window, fp16/bf16 on the wire meanwhile --
+
+def chunk_elems(shm_chunk_bytes, local_size):
+    """Elements of one slice's piece per chunk (hierarchical_compressed_allreduce.cpp)."""
+    return max(16, shm_chunk_bytes // (4 * local_size) // 16 * 16)
+
+
+def with_shm_chunk(shm_chunk_bytes, fn):
+    old = pycomm.get_options()["shm_chunk_bytes"]
+    pycomm.set_options(shm_chunk_bytes=shm_chunk_bytes)
+    try:
+        return fn()
+    finally:
+        pycomm.set_options(shm_chunk_bytes=old)
+
+
+# (shm_chunk_bytes, counts): the default chunk with 4 chunks per 2-rank slice and a short last one;
+# 256-byte chunks (32 elements per piece at 2 ranks per node: up to ~2000 chunks); odd sizes.
+PIPELINE_CASES = [(768 << 10, [3 * 2 * 98_304 + 12_345]), (256, [1, 7, 1001, 65_537]), (4096, [250_003])]
+
+
+@pytest.mark.parametrize("compression", ["fp16", "bf16"])
+@pytest.mark.parametrize("shm_chunk_bytes,counts", PIPELINE_CASES)
+def test_pipelined_half_compression(compression, shm_chunk_bytes, counts, comm):
+    topo = pycomm.topology()
+    eps = 2.0 ** -11 if compression == "fp16" else 2.0 ** -8
+    for count in counts:
+        for op in ("avg", "sum"):
+            what = f"{compression} {op} [{count}] chunk {shm_chunk_bytes} B"
+            x = np.random.default_rng([count, topo.rank, op == "avg", 7]).standard_normal(count).astype(np.float32)
+            xs = [np.asarray(a) for a in comm.allgather(x)]
+            got = with_shm_chunk(shm_chunk_bytes, lambda: pycomm.allreduce(
+                torch.from_numpy(x.copy()), op=op, compression=compression, name="p").numpy())
+            # In one chunk (shm_chunk_bytes 0): the unchunked schedule.
+            whole = with_shm_chunk(0, lambda: pycomm.allreduce(
+                torch.from_numpy(x.copy()), op=op, compression=compression, name="p").numpy())
+            copies = comm.allgather(got.tobytes())
+            assert all(c == copies[0] for c in copies), f"{what}: ranks hold different results"
+            w = np.float32(1.0 / topo.size) if op == "avg" else np.float32(1.0)
+            exact = np.sum([v.astype(np.float64) for v in xs], axis=0) * float(w)
+            mag = np.sum([np.abs(v.astype(np.float64)) for v in xs], axis=0) * float(w)
+            # Against float64: the pre-divided casts, the node's float32 sum and one rounding per hop,
+            # bound (N + 2) (eps |x| + tiny), tiny = fp16's subnormal spacing. Measured spread, max of
+            # |got - exact| / (eps |x| + tiny) over these cases: 1 rank 1.00 / 1.00 (fp16 / bf16),
+            # 2 ranks 1.93 / 1.92, 3 ranks 2.58 / 2.49, 4 ranks 2.90 / 2.91, 2x2 nodes 1.91 / 1.84,
+            # 4x1 nodes 2.90 / 2.91: bound 3-6, the spread 1.0-2.9.
+            tiny = 2.0 ** -24 if compression == "fp16" else 0.0
+            err = np.abs(got.astype(np.float64) - exact)
+            assert np.all(err <= (topo.size + 2) * (eps * mag + tiny) + 1e-30), \
+                f"{what}: off by up to {float(np.max(err / (eps * mag + tiny + 1e-30))):.2f} eps * |x|"
+            for b, e, members, inputs in compressed_stages(topo, xs):
+                if len(members) <= 2:
+                    # one hop: the float32 sum of the two pre-divided half terms, rounded once -- exact,
+                    # whatever the chunking
+                    terms = [to_half((v * w).astype(np.float32), compression) for v in inputs]
+                    ref = to_half(np.sum(terms, axis=0, dtype=np.float32), compression)
+                    assert np.array_equal(got[b:e], ref), f"{what}: slice {b}:{e}"
+                    assert np.array_equal(got[b:e], whole[b:e]), f"{what}: chunked differs from one chunk"
+
+
+def test_pipelined_onebit_does_not_depend_on_the_chunking(comm):
+    """The node stage runs chunk by chunk; onebit's scheme runs on the whole slice: results and residuals
+    are bitwise those of one chunk, and the model's."""
+    topo = pycomm.topology()
+    N, rank = topo.size, topo.rank
+    for count in (13, 1001, 65_537):
+        _, flat_chunk = layout(count, N)
+        mask = (np.random.default_rng(count).random(count) < 0.8).astype(np.uint8) if count == 1001 else None
+        got = {}
+        for chunk in (256, 0):
+            c = OneBit()
+            out = []
+            for step in range(2):
+                x = np.random.default_rng([count, step, rank, 9]).standard_normal(count).astype(np.float32)
+                y = with_shm_chunk(chunk, lambda: c.allreduce_async(
+                    torch.from_numpy(x.copy()), op="avg", name="pc",
+                    mask=None if mask is None else torch.from_numpy(mask)).wait().numpy())
+                out.append((y, *(t.numpy().copy() for t in c.residuals("pc"))))
+            got[chunk] = out
+        for step in range(2):
+            for a, b, what in zip(got[256][step], got[0][step], ("result", "worker residual", "server residual")):
+                assert np.array_equal(a, b), f"onebit [{count}] step {step}: {what} depends on the chunking"
+        # step 0 against the model (fresh residuals)
+        x = np.random.default_rng([count, 0, rank, 9]).standard_normal(count).astype(np.float32)
+        xs = [np.asarray(a) for a in comm.allgather(x)]
+        zeros_w = [np.zeros(count, np.float32)] * N
+        zeros_s = [np.zeros(flat_chunk, np.float32)] * N
+        ref, _, _, ambiguous = onebit_model(xs, zeros_w, zeros_s, True, mask, topo.num_nodes, topo.local_size,
+                                            topo.homogeneous)
+        ok = ~ambiguous
+        assert np.all(np.abs(got[256][0][0] - ref)[ok] <= 1e-6 * np.abs(ref[ok])), f"onebit [{count}]"
+        copies = comm.allgather(got[256][0][0].tobytes())
+        assert all(c == copies[0] for c in copies), "ranks hold different results"
+
+
+@pytest.mark.parametrize("compression", ["fp16", "bf16", "onebit"])
+@pytest.mark.parametrize("bad_value", [float("inf"), float("nan")])
+def test_pipelined_bad_input_raises_everywhere_before_writing(compression, bad_value):
+    """inf/NaN in the last chunk of one rank's input: every rank raises, naming it, after the other
+    chunks have gone through the pipeline; nothing written to the output, the input or the residuals."""
+    topo = pycomm.topology()
+    if topo.size < 2:
+        pytest.skip("needs a rank to blame")
+    count = 65_537
+    x = torch.from_numpy(np.random.default_rng([topo.rank, 5]).standard_normal(count).astype(np.float32))
+    if topo.rank == topo.size - 1:
+        x[count - 3] = bad_value  # the last piece of the last slice
+    kept = x.clone()
+    out = torch.full_like(x, -7.0)
+    c = OneBit() if compression == "onebit" else compression
+    if compression == "onebit":  # residuals with some history
+        with_shm_chunk(256, lambda: pycomm.allreduce(torch.ones(count), op="avg", compression=c, name="bad"))
+        res = [t.clone() for t in c.residuals("bad")]
+    for target in (out, None):  # out of place, then in place
+        with pytest.raises(pycomm.CommError, match=f"rank {topo.size - 1} passed a tensor with inf or NaN"):
+            with_shm_chunk(256, lambda: pycomm.allreduce(x, op="avg", compression=c, name="bad", out=target))
+        assert torch.equal(out, torch.full_like(x, -7.0)), "the output was written"
+        assert torch.equal(x.nan_to_num(), kept.nan_to_num()), "the input was written"
+    if compression == "onebit":
+        assert all(torch.equal(a, b) for a, b in zip(res, c.residuals("bad"))), "residuals were changed"
+    y = with_shm_chunk(256, lambda: pycomm.allreduce(torch.ones(count), op="sum", compression="fp16", name="after"))
+    assert torch.equal(y, torch.full((count,), float(topo.size)))  # the engine goes on
+
+
+def test_pipelined_fp16_overflow_in_a_late_chunk_writes_nothing():
+    topo = pycomm.topology()
+    if topo.size < 2:
+        pytest.skip("a sum of one rank does not overflow")
+    count = 65_537
+    x = torch.ones(count)
+    x[count - 5] = 40000.0  # fits float16; the sum over 2 or more ranks does not
+    out = torch.full_like(x, -7.0)
+    with pytest.raises(pycomm.CommError, match="overflowed float16"):
+        with_shm_chunk(256, lambda: pycomm.allreduce(x, op="sum", compression="fp16", name="ovf", out=out))
+    assert torch.equal(out, torch.full_like(x, -7.0)), "the output was written"
+
+
 # ---- device memory under a CUDA-aware MPI (host tensors stand in: force_device_direct) -------------
 
 @pytest.mark.parametrize("algorithm", ["hierarchical", "auto", "shm", "hierarchical_master"])
