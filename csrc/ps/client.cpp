@@ -107,6 +107,17 @@ void Client::send_header(Request& r, int server, int64_t op, int64_t key, int64_
                              &r.requests_.back()));
 }
 
+// A request answered by a header only, its data addressed where it is: in this process (in_process_op),
+// or in this process as seen from a server of this host (shared_op, with this process's pid).
+void Client::send_direct(Request& r, int j, int64_t in_process_op, int64_t shared_op, int64_t key, int64_t total,
+                         size_t n, const float* arg, const float* out) {
+  const bool here = servers_[static_cast<size_t>(j)] == rank_;
+  expect_reply(r, servers_[static_cast<size_t>(j)]);
+  send_header(r, servers_[static_cast<size_t>(j)], here ? in_process_op : shared_op, key, total,
+              static_cast<int64_t>(n), static_cast<int64_t>(reinterpret_cast<intptr_t>(arg)),
+              static_cast<int64_t>(reinterpret_cast<intptr_t>(out)), here ? 0 : pid_);
+}
+
 void Client::expect_reply(Request& r, int server) {
   r.replies_.push_back({kOk, 0});
   r.reply_from_.push_back(server);
@@ -150,11 +161,8 @@ std::unique_ptr<Request> Client::push(int64_t key, int64_t total, const float* d
   for (int j = 0; j < K; ++j) {
     size_t b = part_begin(static_cast<size_t>(total), K, j), n = part_size(static_cast<size_t>(total), K, j);
     if (n == 0) continue;
-    if (direct(j)) {  // the server reads the gradient where it is (this process, or through shared memory)
-      const bool here = servers_[j] == rank_;
-      expect_reply(*r, servers_[j]);
-      send_header(*r, servers_[j], here ? kPushLocal : kPushShared, key, total, static_cast<int64_t>(n),
-                  static_cast<int64_t>(reinterpret_cast<intptr_t>(data + b)), 0, here ? 0 : pid_);
+    if (direct(j)) {  // the server reads the gradient where it is
+      send_direct(*r, j, kPushLocal, kPushShared, key, total, n, data + b, nullptr);
       continue;
     }
     send_header(*r, servers_[j], kPush, key, total, static_cast<int64_t>(n), 0);
@@ -169,11 +177,8 @@ std::unique_ptr<Request> Client::pull(int64_t key, int64_t total, float* out) {
   for (int j = 0; j < K; ++j) {
     size_t b = part_begin(static_cast<size_t>(total), K, j), n = part_size(static_cast<size_t>(total), K, j);
     if (n == 0) continue;
-    if (direct(j)) {  // the server writes the shard into out (this process, or through shared memory)
-      const bool here = servers_[j] == rank_;
-      expect_reply(*r, servers_[j]);
-      send_header(*r, servers_[j], here ? kPullLocal : kPullShared, key, total, static_cast<int64_t>(n),
-                  static_cast<int64_t>(reinterpret_cast<intptr_t>(out + b)), 0, here ? 0 : pid_);
+    if (direct(j)) {  // the server writes the shard into out
+      send_direct(*r, j, kPullLocal, kPullShared, key, total, n, out + b, nullptr);
       continue;
     }
     send_pull(*r, servers_[j], key, total, out + b, n);
@@ -196,11 +201,7 @@ std::unique_ptr<Request> Client::push_pull(int64_t key, int64_t total, const flo
     size_t b = part_begin(static_cast<size_t>(total), K, j), n = part_size(static_cast<size_t>(total), K, j);
     if (n == 0) continue;
     if (direct(j)) {
-      const bool here = servers_[j] == rank_;
-      expect_reply(*r, servers_[j]);
-      send_header(*r, servers_[j], here ? kPushPullLocal : kPushPullShared, key, total, static_cast<int64_t>(n),
-                  static_cast<int64_t>(reinterpret_cast<intptr_t>(grad + b)),
-                  static_cast<int64_t>(reinterpret_cast<intptr_t>(out + b)), here ? 0 : pid_);
+      send_direct(*r, j, kPushPullLocal, kPushPullShared, key, total, n, grad + b, out + b);
       continue;
     }
     // One worker's requests are served in order: the pull reads the shard after this push.

@@ -73,6 +73,8 @@ class Client {
                    int64_t out = 0, int64_t pid = 0);
   // A request to server index j answered by a header only: in this process, or shared memory.
   bool direct(int j) const { return servers_[static_cast<size_t>(j)] == rank_ || shared_[static_cast<size_t>(j)]; }
+  void send_direct(Request& r, int j, int64_t in_process_op, int64_t shared_op, int64_t key, int64_t total, size_t n,
+                   const float* arg, const float* out);
   void send_pull(Request& r, int server, int64_t key, int64_t total, float* out, size_t n);
   void expect_reply(Request& r, int server);
   std::unique_ptr<Request> simple(int64_t op, int64_t arg, bool reply);

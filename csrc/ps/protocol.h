@@ -28,7 +28,7 @@
 // and the server reads the gradient and writes the weights in the worker's address
 // space with process_vm_readv / process_vm_writev, block by block, while each block is
 // in cache. No data message crosses MPI, and the worker takes no part in moving the
-// data: it sleeps until the answer, leaving the core to the servers.
+// data: it only waits for the answer (testing and yielding its core).
 //
 // Bytes per push of S bytes over K servers: S/K data + 64 B header per server
 // (the local shard: 64 B header + 16 B answer); per pull the same in the other

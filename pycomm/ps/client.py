@@ -172,7 +172,7 @@ class ParameterServer:
                     errors[r] = text or "read back other bytes"
         results = self.comm.allgather((reached, errors))  # also: every server is done reading the tokens
         del token
-        shared = [self.server_ranks[j] for j, r in enumerate(self.server_ranks) if self.rank in results[r][0]]
+        shared = [r for r in self.server_ranks if self.rank in results[r][0]]
         if any(err for _, err in results) and any(w[3] for w in where):
             pairs = [f"server rank {srv} -> worker rank {wr}: {text}"
                      for srv, (_, err) in enumerate(results) for wr, text in sorted(err.items())]
