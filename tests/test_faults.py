@@ -159,7 +159,8 @@ def test_parameter_server_names_a_dead_worker(tmp_path):
     # Worker 1 is killed (-9) while worker 0 keeps pushing. The servers watch the processes of the workers on
     # their host and name the dead one before the launcher ends the job, long before the 60 s stall report.
     # Dedicated placement: rank 2 only serves. (The co-located server thread runs the same loop; measured
-    # passing as well, left out for CI time.)
+    # passing as well, left out for CI time.) Should the launcher end worker 0 before rank 2, the server finds
+    # both workers gone and serve() raises, naming them: it never returns as if the run had finished.
     rc, out, _ = _run(tmp_path, 3, f"""
         import os, signal, time, torch, pycomm
         from pycomm.ps import ParameterServer, UpdateRule

@@ -87,6 +87,10 @@ void Server::run() {
   }
   reap_sends(true);
   if (profile_) print_profile();
+  // Ending as if every worker had shut down would read as a finished run.
+  if (!died_.empty())
+    throw comm::CommError("pycomm.ps: server on rank " + std::to_string(rank_) + ": " + died_ +
+                          " died before shutting the parameter server down; the run did not finish");
 }
 
 void Server::print_profile() const {
@@ -153,12 +157,14 @@ void Server::check_liveness() {
     std::fprintf(stderr,
                  "pycomm.ps: server on rank %d: worker %d (rank %d, pid %d) has died: its process ended without "
                  "shutting the parameter server down (last request %.1f s ago, %llu push(es) applied from it); "
-                 "the remaining workers continue without it\n",
+                 "the remaining workers continue without it, and the servers' shutdown raises\n",
                  rank_, i, workers_[k], pids[k], silent, static_cast<unsigned long long>(pushes_[k]));
     std::fflush(stderr);
     done_[k] = 1;
     reported_[k] = 1;
     ++done_count_;
+    died_ += (died_.empty() ? "worker " : ", worker ") + std::to_string(i) + " (rank " + std::to_string(workers_[k]) +
+             ", pid " + std::to_string(pids[k]) + ")";
     answer_clocks();
   }
 }

@@ -124,6 +124,7 @@ class Server {
   std::vector<uint64_t> pushes_, staleness_sum_, staleness_max_;
   std::vector<std::chrono::steady_clock::time_point> last_seen_;
   std::vector<char> reported_;
+  std::string died_;  // "worker i (rank r, pid p)" of each worker found dead; run() raises if any
   std::list<Outgoing> outgoing_;
   std::vector<float> scratch_;
   std::vector<float> bounce_;  // a gradient block read from a worker of this host (kCacheBlockFloats)

@@ -458,10 +458,15 @@ class ParameterServer:
         if self.is_worker:
             self._client.flush().wait()
             self._client.done().wait()
-        if self._threaded:
-            self._server.join()
-        elif not self.is_worker:
-            self._server.run()
+        try:
+            if self._threaded:
+                self._server.join()
+            elif not self.is_worker:
+                self._server.run()
+        except BaseException:
+            # The servers have ended (a worker died): a second shutdown, e.g. at exit, has nobody to talk to.
+            self._closed = True
+            raise
         self._close()
 
     def _close(self) -> None:

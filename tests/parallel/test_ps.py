@@ -398,3 +398,43 @@ def test_silent_worker_is_named(capfd):
         err = capfd.readouterr().err
         assert f"worker {last} (rank {last}) has sent nothing for" in err, err
         assert "it may have died or stalled" in err
+
+
+def test_a_dead_worker_makes_shutdown_raise(monkeypatch, capfd):
+    """A worker whose process is gone is named at once, the others go on, and the servers' shutdown raises on
+    every rank: ending as if all had finished would read as a complete run. The last worker stands in for a dead
+    one by reporting the pid of a child that has already exited (a real kill ends the job through the launcher:
+    tests/test_faults.py)."""
+    import os
+    import subprocess
+    import time
+    if pycomm.size() < 2:
+        pytest.skip("needs two workers")
+    last = pycomm.size() - 1
+    pid = 0
+    if pycomm.rank() == last:
+        child = subprocess.Popen(["true"])
+        child.wait()  # reaped: /proc/<pid> is gone
+        pid = child.pid
+        monkeypatch.setattr(os, "getpid", lambda: pid)
+    ps = ParameterServer(UpdateRule(lr=0.1), servers=0, shared_memory=False)
+    monkeypatch.undo()
+    pid = pycomm.broadcast_object(pid, root=last)
+    w = torch.zeros(5)
+    ps.register({"w": w})
+    # Every rank serves a shard, and every server names the dead worker within its 10 ms liveness check.
+    err, t0 = "", time.time()
+    while "has died" not in err and time.time() - t0 < 60:
+        time.sleep(0.01)
+        err += capfd.readouterr().err
+    assert f"server on rank {pycomm.rank()}: worker {last} (rank {last}, pid {pid}) has died" in err, err
+    ps.push("w", torch.ones(5))  # and goes on serving the others
+    ps.pull("w", w)
+    if ps.worker_index == last:
+        # Tell every server this worker is done while they all still run, then let the others finish.
+        ps._client.flush().wait()
+        ps._client.done().wait()
+        ps.is_worker = False  # sent: its shutdown only joins its server (a second flush could meet ended servers)
+    ps.comm.Barrier()
+    with pytest.raises(pycomm.CommError, match=rf"worker {last} \(rank {last}, pid \d+\) died before shutting"):
+        ps.shutdown()
