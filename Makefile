@@ -44,7 +44,7 @@ bench: build
 	$(VENV)/bin/pycomm-run -np $(NP) -- $(PY) bench/allreduce.py --min-bytes 1M --max-bytes 64M
 
 test: build
-	$(PY) -m pytest tests
+	$(PY) -m pytest --durations=20 tests
 
 test-unit: build
 	$(PY) -m pytest tests/unit

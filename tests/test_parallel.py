@@ -12,6 +12,13 @@ from mpi_launch import run_pytest_under_mpi
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FILES = sorted(os.path.relpath(p, os.path.dirname(HERE)) for p in glob.glob(os.path.join(HERE, "parallel", "test_*.py")))
+# PYCOMM_TEST_FILES=test_allreduce.py,test_ps.py runs those files only (.ci/mpich.sh: the engine's files).
+_chosen = [f for f in os.environ.get("PYCOMM_TEST_FILES", "").split(",") if f]
+_unknown = sorted(set(_chosen) - {os.path.basename(f) for f in FILES})
+if _unknown:
+    raise ValueError(f"PYCOMM_TEST_FILES names files that tests/parallel does not have: {_unknown}")
+if _chosen:
+    FILES = [f for f in FILES if os.path.basename(f) in _chosen]
 WORLD_SIZES = [int(n) for n in os.environ.get("PYCOMM_TEST_WORLD_SIZES", "1,2,3,4").split(",")]
 
 
