@@ -139,6 +139,7 @@ class ParameterServer:
         self.clock_value = 0
         self.bytes_pushed = self.bytes_pulled = 0
         self._closed = False
+        self._said_done = False
         self._threaded = self.is_server and (self.is_worker or worker_ranks is not None)
         if self._threaded:
             self._server.start()
@@ -455,9 +456,7 @@ class ParameterServer:
         is done. Dedicated servers: serve until then. Idempotent."""
         if self._closed:
             return
-        if self.is_worker:
-            self._client.flush().wait()
-            self._client.done().wait()
+        self._say_done()
         try:
             if self._threaded:
                 self._server.join()
@@ -468,6 +467,13 @@ class ParameterServer:
             self._closed = True
             raise
         self._close()
+
+    def _say_done(self) -> None:
+        # A worker's half of shutdown(): once, so that a shutdown after it only waits for the servers.
+        if self.is_worker and not self._said_done:
+            self._client.flush().wait()
+            self._client.done().wait()
+            self._said_done = True
 
     def _close(self) -> None:
         self._closed = True

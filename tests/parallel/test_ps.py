@@ -431,10 +431,9 @@ def test_a_dead_worker_makes_shutdown_raise(monkeypatch, capfd):
     ps.push("w", torch.ones(5))  # and goes on serving the others
     ps.pull("w", w)
     if ps.worker_index == last:
-        # Tell every server this worker is done while they all still run, then let the others finish.
-        ps._client.flush().wait()
-        ps._client.done().wait()
-        ps.is_worker = False  # sent: its shutdown only joins its server (a second flush could meet ended servers)
+        # Tell every server this worker is done while they all still run (after the others' shutdown, a server
+        # may already have ended); its shutdown below then only joins its server.
+        ps._say_done()
     ps.comm.Barrier()
     with pytest.raises(pycomm.CommError, match=rf"worker {last} \(rank {last}, pid \d+\) died before shutting"):
         ps.shutdown()
