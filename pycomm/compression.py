@@ -9,7 +9,7 @@
     pycomm.allreduce(grad, op="avg", compression=c, name="emb.weight")
     torch.save(c.state_dict(), f"residuals.rank{pycomm.rank()}.pt")
 
-The math is ALGORITHMS.md §2:
+The math is docs/algorithms.md §2:
 
 - ``fp16`` / ``bf16``: y = half(x / N) on every rank (pre-division, so an
   average of values near the top of the fp16 range cannot overflow), a ring

@@ -1,6 +1,6 @@
 """Compute kernels on torch tensors (CPU or CUDA, chosen by the tensors' device).
 
-The math is ALGORITHMS.md §2; the C++ kernels live in csrc/kernels/ and the
+The math is docs/algorithms.md §2; the C++ kernels live in csrc/kernels/ and the
 collective engine calls the same functions. Every call releases the GIL; CUDA
 calls run on torch's current stream and do not synchronize.
 

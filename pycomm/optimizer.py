@@ -20,7 +20,7 @@ buckets still missing, waits for all, writes the reduced gradients back into
 ``p.grad`` and lets the wrapped optimizer update.
 
 The result is ``w <- w - eta * avg_k g_k``, the update of one minibatch of
-N*b samples (ALGORITHMS.md §4, SSGD).
+N*b samples (docs/algorithms.md §4, SSGD).
 
 Gradient accumulation: with ``backward_passes_per_step = k`` the gradients
 of k backward passes accumulate locally (summed, as torch does) and are
@@ -64,7 +64,7 @@ def check_compression(compression):
 
 
 def ring_bytes_sent(payload_bytes: int, world_size: int) -> int:
-    """Bytes one rank sends to allreduce `payload_bytes` with a ring: 2(N-1)/N * S (ALGORITHMS.md §1)."""
+    """Bytes one rank sends to allreduce `payload_bytes` with a ring: 2(N-1)/N * S (docs/algorithms.md §1)."""
     if world_size <= 1:
         return 0
     return (2 * (world_size - 1) * int(payload_bytes)) // world_size

@@ -1,4 +1,4 @@
-// Compressed allreduce of float32 buffers (ALGORITHMS.md §2).
+// Compressed allreduce of float32 buffers (docs/algorithms.md §2).
 //
 // fp16 / bf16: every rank casts its buffer to half precision with the 1/N of
 // an average applied before the cast (a sum of N values near the top of the
@@ -25,7 +25,7 @@
 //
 // Wire bytes, per rank: 2 (N-1) (m/8 + 4) for onebit, against
 // 2 (N-1)/N * 4n for a float32 ring: about 1/32 of it (2 S/32 instead of 2 S,
-// ALGORITHMS.md §2). fp16/bf16 send exactly half of the float32 ring.
+// docs/algorithms.md §2). fp16/bf16 send exactly half of the float32 ring.
 #pragma once
 #include <mpi.h>
 

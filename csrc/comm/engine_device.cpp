@@ -1,7 +1,7 @@
 // The engine's device side: fusion of device tensors in a device fusion
 // buffer, and the stream order around each batch (device_event.h).
 //
-// Fused device batch (ALGORITHMS.md §1-2, the same tensors, order, threshold
+// Fused device batch (docs/algorithms.md §1-2, the same tensors, order, threshold
 // and cycle time as host fusion; the coordinator makes every rank fuse alike):
 //   pack      k tensors -> the mover's fusion buffer (one kernel on the GPU)
 //   allreduce the buffer, by the device path (CUDA-aware MPI) or the staged one

@@ -1,4 +1,4 @@
-// FP16/BF16 casts with a fused scale (ALGORITHMS.md §2).
+// FP16/BF16 casts with a fused scale (docs/algorithms.md §2).
 // "half" below is float16 (IEEE binary16) or bfloat16, chosen by a DType
 // (F16 or BF16); both round to nearest even and keep NaN a NaN.
 // CUDA variants take device pointers and run on `stream`; nothing syncs.

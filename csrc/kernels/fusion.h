@@ -1,4 +1,4 @@
-// Tensor fusion (ALGORITHMS.md §1-2): many tensors of one dtype copied into
+// Tensor fusion (docs/algorithms.md §1-2): many tensors of one dtype copied into
 // one flat buffer and back in one call (one kernel launch on the GPU).
 // Tensor k occupies elements [off_k, off_k + counts[k]) of the flat buffer,
 // off_k = counts[0] + ... + counts[k-1] (packed back to back, no padding).

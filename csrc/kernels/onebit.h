@@ -1,4 +1,4 @@
-// 1-bit quantization with error feedback (ALGORITHMS.md §2; Seide et al.
+// 1-bit quantization with error feedback (docs/algorithms.md §2; Seide et al.
 // 2014, DeepSpeed 1-bit Adam).
 //
 // A buffer of n floats is split into chunks of `chunk` elements (chunk > 0, a

@@ -1,4 +1,4 @@
-// Fused optimizer updates for LARS and LAMB (ALGORITHMS.md §3), float32 on the CPU.
+// Fused optimizer updates for LARS and LAMB (docs/algorithms.md §3), float32 on the CPU.
 // Each is two passes over one parameter tensor instead of about ten torch ops:
 // pass 1 reads what the norms need (sums of squares in double), pass 2 writes
 // the update. Memory traffic per element: LARS 2 reads + (3 reads, 2 writes);

@@ -1,5 +1,5 @@
 // Parameter-server update rules, applied by a server to its shard of one
-// tensor when a worker's gradient g arrives (ALGORITHMS.md §5). float32 only.
+// tensor when a worker's gradient g arrives (docs/algorithms.md §5). float32 only.
 //
 //   d  = g + wd * w + comp                    comp: DC-ASGD's delay compensation, else 0
 //   v  = mu * v + d        (skipped when mu == 0; v may then be null)

@@ -1,4 +1,4 @@
-"""Synchronous training algorithms behind one registry (ALGORITHMS.md §4).
+"""Synchronous training algorithms behind one registry (docs/algorithms.md §4).
 
     algo = pycomm.algorithms.create("bmuf", model, torch.optim.SGD(model.parameters(), lr=0.1),
                                     sync_period=8, nesterov=True)
@@ -7,7 +7,7 @@
     algo.finalize()
 
 ssgd, model_averaging, bmuf (CBM/NBM, BMUF-Adam via moment_sync), easgd, admm; through the parameter
-server (pycomm.ps, ALGORITHMS.md §5): asgd, ssp, dcasgd (constant or adaptive lambda), adadelay; on one node without locks: hogwild; SSGD in groups, ASGD between them: hybrid.
+server (pycomm.ps, docs/algorithms.md §5): asgd, ssp, dcasgd (constant or adaptive lambda), adadelay; on one node without locks: hogwild; SSGD in groups, ASGD between them: hybrid.
 """
 from .adadelay import AdaDelay, AdaDelayConfig
 from .admm import ADMM, ADMMConfig

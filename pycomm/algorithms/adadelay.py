@@ -1,4 +1,4 @@
-"""AdaDelay: delay-adaptive step sizes (Sra et al. 2015; ALGORITHMS.md §5).
+"""AdaDelay: delay-adaptive step sizes (Sra et al. 2015; docs/algorithms.md §5).
 
 A gradient that is tau updates old, arriving when the shard has had t
 updates, is applied with alpha(t, tau) = 1 / (L + c sqrt(t + tau)): the

@@ -1,4 +1,4 @@
-"""Consensus ADMM with inexact local solves (ALGORITHMS.md §4; Boyd et al. 2011 §7).
+"""Consensus ADMM with inexact local solves (docs/algorithms.md §4; Boyd et al. 2011 §7).
 
 A round on rank k, with z the consensus model (identical on every rank)::
 

@@ -1,4 +1,4 @@
-"""ASGD: asynchronous SGD through the parameter server (ALGORITHMS.md §5).
+"""ASGD: asynchronous SGD through the parameter server (docs/algorithms.md §5).
 
 Each worker pushes g_k and pulls w, never waiting for the others; the server
 applies w <- w - eta g_k (with torch.optim.SGD's momentum and weight decay)

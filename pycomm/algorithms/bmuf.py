@@ -1,7 +1,7 @@
 """BMUF: blockwise model-update filtering (Chen & Huo, ICASSP 2016), classic (CBM) and Nesterov (NBM).
 
 Block t starts every rank from W_g(t-1); each runs tau local steps to W_k(t);
-at the sync point (ALGORITHMS.md §4)::
+at the sync point (docs/algorithms.md §4)::
 
     W_bar(t) = avg_k W_k(t)
     G(t)     = W_bar(t) - W_g(t-1)          # the mean over ranks, not the sum

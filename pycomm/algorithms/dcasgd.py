@@ -1,4 +1,4 @@
-"""DC-ASGD: delay-compensated ASGD (Zheng et al., ICML 2017; ALGORITHMS.md §5).
+"""DC-ASGD: delay-compensated ASGD (Zheng et al., ICML 2017; docs/algorithms.md §5).
 
 The servers keep w_bak(k), the weights worker k last pulled, and apply
 w <- w - eta (g_k + lambda g_k * g_k * (w - w_bak(k))): a first-order Taylor

@@ -1,4 +1,4 @@
-"""EASGD: elastic averaging SGD, synchronous, period tau (Zhang, Choromanska, LeCun 2015; ALGORITHMS.md §4).
+"""EASGD: elastic averaging SGD, synchronous, period tau (Zhang, Choromanska, LeCun 2015; docs/algorithms.md §4).
 
 Every tau local steps, with x_c the centre variable (identical on every rank)::
 

@@ -1,5 +1,5 @@
 """Hogwild!: lock-free updates of one shared-memory model by the ranks of a node (Recht et al. 2011;
-ALGORITHMS.md §5).
+docs/algorithms.md §5).
 
 Node-local rank 0 allocates an MPI-3 shared window (MPI_Win_allocate_shared
 on pycomm's node communicator) holding every trainable parameter; every rank

@@ -1,5 +1,5 @@
 """Hybrid: synchronous SGD inside groups of ranks, asynchronous between groups (seed survey 6.3.2;
-ALGORITHMS.md §5).
+docs/algorithms.md §5).
 
 Ranks form groups of ``group_size`` consecutive ranks (0: one group per node).
 Per step the members of a group average their gradients (MPI Allreduce on the

@@ -1,4 +1,4 @@
-"""Model averaging (MA): tau local steps of any local optimizer, then w_k <- avg_k w_k (ALGORITHMS.md §4).
+"""Model averaging (MA): tau local steps of any local optimizer, then w_k <- avg_k w_k (docs/algorithms.md §4).
 
 Only the model is averaged; the local optimizer's state stays local.
 """

@@ -1,4 +1,4 @@
-"""What the parameter-server algorithms share (ALGORITHMS.md §5): asgd, ssp, dcasgd, adadelay.
+"""What the parameter-server algorithms share (docs/algorithms.md §5): asgd, ssp, dcasgd, adadelay.
 
 Every rank is a worker and serves one shard of every parameter (co-located
 servers, pycomm.ps), or, under ``pycomm-run --servers K`` (PYCOMM_PS_SERVERS),

@@ -1,4 +1,4 @@
-"""SSGD: synchronous SGD, w <- w - eta * avg_k g_k(w) (ALGORITHMS.md §4).
+"""SSGD: synchronous SGD, w <- w - eta * avg_k g_k(w) (docs/algorithms.md §4).
 
 Equal to one minibatch of N*b samples. Gradients are averaged by
 DistributedOptimizer while backward runs (bucketed, overlapped); the sync

@@ -1,4 +1,4 @@
-"""SSP: stale synchronous parallel (Ho et al. 2013; ALGORITHMS.md §5).
+"""SSP: stale synchronous parallel (Ho et al. 2013; docs/algorithms.md §5).
 
 Worker k pushes g_k, advances its clock to c and may continue only when
 every unfinished worker has reached c - s; the servers then answer with the

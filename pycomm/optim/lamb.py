@@ -1,6 +1,6 @@
 """LAMB: layer-wise adaptive moments (You et al. 2019).
 
-Per parameter tensor w with gradient g at step t (ALGORITHMS.md §3):
+Per parameter tensor w with gradient g at step t (docs/algorithms.md §3):
 
     m <- b1 m + (1 - b1) g            v <- b2 v + (1 - b2) g^2
     m_hat = m / (1 - b1^t)            v_hat = v / (1 - b2^t)      (bias_correction=True)

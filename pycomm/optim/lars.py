@@ -1,6 +1,6 @@
 """LARS: layer-wise adaptive rate scaling (You et al. 2017), with Jia et al.'s exclusions.
 
-Per parameter tensor w with gradient g (ALGORITHMS.md §3):
+Per parameter tensor w with gradient g (docs/algorithms.md §3):
 
     local_lr = eta * ||w|| / (||g|| + beta ||w|| + eps)     (1 if ||w|| or ||g|| is 0)
     v <- m v + lr * local_lr * (g + beta w)

@@ -1,4 +1,4 @@
-"""1-bit Adam (Tang et al. 2021) with DeepSpeed's semantics (ALGORITHMS.md §3).
+"""1-bit Adam (Tang et al. 2021) with DeepSpeed's semantics (docs/algorithms.md §3).
 
 The optimizer is the whole data-parallel step; do not wrap it in
 DistributedOptimizer (that raises) and do not reduce gradients yourself.

@@ -1,4 +1,4 @@
-"""Asynchronous training's transport: a sharded parameter server over MPI point-to-point (ALGORITHMS.md §5).
+"""Asynchronous training's transport: a sharded parameter server over MPI point-to-point (docs/algorithms.md §5).
 
 ``ParameterServer`` (placement, push/pull, SSP clocks, staleness statistics, state), ``UpdateRule`` (the
 server's C++ update rules: SGD with momentum, DC-ASGD compensation, AdaDelay), ``TurnSchedule`` (a

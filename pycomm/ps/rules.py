@@ -1,4 +1,4 @@
-"""The server's update rules (ALGORITHMS.md §5), run by the C++ kernel csrc/kernels/ps_update_cpu.cpp.
+"""The server's update rules (docs/algorithms.md §5), run by the C++ kernel csrc/kernels/ps_update_cpu.cpp.
 
     d = g + wd * w + comp;  v = mu * v + d;  w = w - alpha * v          (v skipped when mu = 0)
 

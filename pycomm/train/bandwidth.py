@@ -1,7 +1,7 @@
 """A short allreduce bandwidth table printed at the end of a training run (nccl-tests columns).
 
 time_us is the median over calls of the slowest rank's time; algbw = S / t;
-busbw = algbw * 2(N-1)/N (ALGORITHMS.md §1).
+busbw = algbw * 2(N-1)/N (docs/algorithms.md §1).
 
 #wrong counts result elements (over all ranks) that differ from the known
 average. The data depend on the rank -- rank r holds k + r - (N-1)/2 at an

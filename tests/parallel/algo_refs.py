@@ -2,7 +2,7 @@
 
 Rank k's loss at step s is l_k(theta) = ||A theta - b||^2 / (2 m) with (A, b)
 drawn from (k, s); its gradient is A^T (A theta - b) / m. The references
-simulate all N workers in float64 and implement ALGORITHMS.md §4 directly.
+simulate all N workers in float64 and implement docs/algorithms.md §4 directly.
 """
 import numpy as np
 import torch

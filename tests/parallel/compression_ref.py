@@ -1,4 +1,4 @@
-"""numpy reference of the two-phase 1-bit compressed allreduce (ALGORITHMS.md §2).
+"""numpy reference of the two-phase 1-bit compressed allreduce (docs/algorithms.md §2).
 
 Written from the math, not from pycomm's code: float32 arithmetic where the
 scheme specifies float32, the sum of squares in float64.

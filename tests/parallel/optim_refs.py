@@ -1,4 +1,4 @@
-"""numpy references of pycomm.optim's update rules, written from the formulas (ALGORITHMS.md §3,
+"""numpy references of pycomm.optim's update rules, written from the formulas (docs/algorithms.md §3,
 the DeepSpeed 1-bit Adam / 1-bit LAMB procedures), not from pycomm's code.
 
 LARS and LAMB run in float64 on numpy arrays. The 1-bit optimizers are

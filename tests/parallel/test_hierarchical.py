@@ -140,7 +140,7 @@ def test_half_compression_across_nodes(compression, comm):
                     ref = to_half(np.sum(terms, axis=0, dtype=np.float32), compression)
                     assert np.array_equal(got[b:e], ref), f"{compression} {op} [{count}] slice {b}:{e}"
                 else:
-                    # several hops: one rounding per hop and the casts (ALGORITHMS.md §2)
+                    # several hops: one rounding per hop and the casts (docs/algorithms.md §2)
                     exact = np.sum([v.astype(np.float64) * float(w) for v in inputs], axis=0)
                     mag = np.sum([np.abs(v.astype(np.float64)) * float(w) for v in inputs], axis=0)
                     assert np.all(np.abs(got[b:e] - exact) <= 2 * (len(terms) + 1) * eps * mag + 1e-30)

@@ -1,4 +1,4 @@
-"""1-bit quantization with error feedback (ALGORITHMS.md §2) against numpy.
+"""1-bit quantization with error feedback (docs/algorithms.md §2) against numpy.
 
 For c = x + e (float32): the sign bits are exact, the scales are within 1e-6
 (relative) of the float64 norm ||c_j|| / sqrt(n_j), the new residual is
