@@ -304,7 +304,7 @@ def main(argv=None) -> int:
     p.add_argument("--algorithms", nargs="*", default=None, help="subset of pycomm's allreduce algorithms")
     p.add_argument("--compressions", nargs="*", default=None, help="subset of pycomm's compressions")
     p.add_argument("--json", default=None, help="write the rows here (rank 0)")
-    p.add_argument("--markdown", action="store_true", help="also print the table as markdown (the README's)")
+    p.add_argument("--markdown", action="store_true", help="also print the table as markdown (as in docs/multihost.md)")
     p.add_argument("--stages", action="store_true",
                    help="then time each stage of the compressed rows and hierarchical/none (pycomm's timeline) "
                         "beside a copy of S on every rank at once")

@@ -11,7 +11,7 @@ for a job of the same shape (ranks, nodes, ranks per node) from
 ``$PYCOMM_TUNE_DIR`` (default ``~/.cache/pycomm``). Without a table, "auto"
 uses the cost model's winners when pycomm-tune stored the machine's constants
 (``machine.json`` beside the tables, for any job shape; pycomm.cost_model),
-else the built-in rule (pycomm.resolve_algorithm; README, Allreduce algorithms).
+else the built-in rule (pycomm.resolve_algorithm; docs/allreduce.md).
 ``--model-only`` measures only the constants.
 """
 from __future__ import annotations

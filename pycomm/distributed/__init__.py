@@ -9,7 +9,7 @@ when MASTER_ADDR is unset, importing this module starts pycomm (MPI) and
 sets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE for torch's env://
 rendezvous, agreed over MPI (rank 0 picks a free port on its host). Set them
 yourself to use your own store. The collectives run in C++ on pycomm's engine
-(csrc/c10d); see the README section "torch.distributed backend".
+(csrc/c10d); see docs/backend.md.
 """
 from __future__ import annotations
 

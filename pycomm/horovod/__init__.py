@@ -5,7 +5,7 @@ import line: the same functions, signatures, defaults and semantics
 (allreduce out of place and averaging by default, ``root_rank``, integer
 handles, ``hvd.DistributedOptimizer``, broadcasts of parameters and
 optimizer state, process sets, SyncBatchNorm). Launch with ``pycomm-run``
-(or plain ``mpirun``). The README's migration table lists every name that
+(or plain ``mpirun``). The migration table in docs/horovod.md lists every name that
 differs between Horovod, torch.distributed and pycomm's native API.
 
 This package only uses pycomm's public API; pycomm never imports it.

@@ -1,4 +1,4 @@
-"""pytorch_mnist.py ported to pycomm's native API (see the README's migration table).
+"""pytorch_mnist.py ported to pycomm's native API (see the migration table in docs/horovod.md).
 
 Differences: pycomm.init(), root= instead of root_rank=, pycomm.allreduce
 reduces in place with op="avg" (Horovod: out of place, Average by default),
