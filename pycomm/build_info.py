@@ -53,13 +53,13 @@ def report(np: int, hosts: Optional[Sequence[Tuple[str, int]]], launcher: str) -
     override = os.environ.get("PYCOMM_CUDA_AWARE")
     row("CUDA-aware MPI", ("yes" if aware else "no") + (f" (PYCOMM_CUDA_AWARE={override})" if override else
                                                          " (MPIX_Query_cuda_support)"))
+    from .runtime import device_path
+
     library = {1: "CUDA-aware", 0: "built without CUDA", -1: "cannot tell"}[_C.mpi_library_cuda_support()]
-    # Only a path that would hand device pointers to MPI can be refused (engine.cpp: check_direct).
-    refusal = (_C._direct_path_refusal("CUDA tensors", aware, False, _C.mpi_library_cuda_support(), override or "")
-               if aware else "")
-    row("device path", f"refused: {refusal}" if refusal else
-        ("CUDA tensors go to MPI directly (CUDA-aware MPI)" if aware else
-         "CUDA tensors are staged through pinned host memory (the MPI cannot read device memory)") +
+    path = device_path()
+    row("device path", {"staged": "staged: CUDA tensors through pinned host memory (the MPI cannot read "
+                                  "device memory)",
+                        "direct": "direct: CUDA tensors to MPI as they are (CUDA-aware MPI)"}.get(path, path) +
         f"; the MPI library says of itself: {library}")
     row("CPU ISA", f"{kernels.cpu_isa()} (PYCOMM_CPU_ISA overrides); OpenMP threads {kernels.cpu_threads()}")
     library = MPI.Get_library_version().strip().splitlines()[0]

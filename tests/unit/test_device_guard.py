@@ -44,3 +44,29 @@ def test_library_support_of_this_build():
     # The override never changes what the library says of itself.
     if support == 0:
         assert refusal(_C.mpi_cuda_aware(), False, support, "1") != ""
+
+
+def test_stats_and_check_build_say_which_device_path():
+    import os
+    import subprocess
+    import sys
+
+    import pycomm
+    from pycomm.runtime import device_path
+
+    pycomm.init()
+    expected = "staged" if not _C.mpi_cuda_aware() else device_path()
+    assert pycomm.stats()["device_path"] == expected
+    env = {k: v for k, v in os.environ.items() if k != "PYCOMM_CUDA_AWARE"}
+
+    def check_build(**extra):
+        out = subprocess.run([sys.executable, "-m", "pycomm.launcher", "--check-build", "-np", "2"],
+                             capture_output=True, text=True, timeout=300, env=dict(env, **extra))
+        assert out.returncode == 0, out.stderr
+        return [ln for ln in out.stdout.splitlines() if ln.startswith("device path")]
+
+    line = check_build(PYCOMM_CUDA_AWARE="0")
+    assert len(line) == 1 and "staged: CUDA tensors through pinned host memory" in line[0], line
+    if _C.mpi_library_cuda_support() == 0:  # the pip wheels: the override is refused, and said so
+        line = check_build(PYCOMM_CUDA_AWARE="1")
+        assert len(line) == 1 and "refused: CUDA tensors: PYCOMM_CUDA_AWARE=1 declares" in line[0], line
