@@ -86,7 +86,25 @@ def want_cuda():
 
 
 def cxx_standard():
-    """C++17 as designed; torch 2.14 and later refuse anything below C++20 in their headers."""
+    """C++17 as designed, or the newer standard this torch's headers demand: they stop with #error
+    below a `__cplusplus < NNNNNNL` test (C++17 up to torch 2.13, C++20 from 2.14 on). Read from the
+    headers, so any installed torch builds; the version rule only where the headers cannot be read."""
+    import re
+    from torch.utils.cpp_extension import include_paths
+
+    needed = 0
+    for inc in include_paths():
+        for rel in ("torch/csrc/api/include/torch/all.h", "c10/macros/Macros.h", "c10/util/C++17.h",
+                    "torch/all.h", "torch/headeronly/macros/Macros.h"):
+            try:
+                with open(os.path.join(inc, rel)) as f:
+                    text = f.read()
+            except OSError:
+                continue
+            for m in re.finditer(r"__cplusplus\s*<\s*(\d{6})L[^\n]*\n\s*#\s*error", text):
+                needed = max(needed, int(m.group(1)))
+    if needed:
+        return "c++20" if needed > 201703 else "c++17"
     major, minor = (int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
     return "c++20" if (major, minor) >= (2, 14) else "c++17"
 

@@ -14,9 +14,14 @@ For each size S (float32) it times, in the same run and on the same tensors:
   nccl        torch.distributed all_reduce over NCCL, where every rank of a node has a GPU of its own
   gloo        otherwise torch.distributed over gloo on the same device tensors (NCCL refuses two
               ranks on one GPU); the header says which baseline ran and why
-A row that cannot run prints its error instead of a figure (for example a compression that the
-device path does not take). Times are medians over --iters of the slowest rank, each iteration
-ended by torch.cuda.synchronize() on CUDA.
+Every timed call averages (op="avg"), so the tensor stays in range however often it is reduced
+(a sum doubles it per call at 2 ranks, and fp16 passes 65504 within a row). Before the timing, each
+compression's result of one call on the row's fresh input is checked: none and fp16 against the
+float64 average from mpi4py (fp16 within its rounding bound), onebit against the numpy two-phase
+reference (tests/parallel/compression_ref.py) up to --check-max-bytes; the `check` column says
+ok or how far off. A row that cannot run prints its error instead of a figure, and any error or
+failed check makes the exit status 1. Times are medians over --iters of the slowest rank, each
+iteration ended by torch.cuda.synchronize() on CUDA.
 """
 from __future__ import annotations
 
@@ -28,10 +33,13 @@ import statistics
 import sys
 import time
 
+import numpy as np
 import torch
 
 import pycomm
 from pycomm.benchmark import human_size, parse_size
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parallel"))
 
 def slowest_median(fn, comm, iters: int, sync) -> float:
     from mpi4py import MPI
@@ -47,6 +55,46 @@ def slowest_median(fn, comm, iters: int, sync) -> float:
         if i:
             times.append(dt)
     return statistics.median(times)
+
+
+def check_once(x: torch.Tensor, compression: str, size: int, comm, check_max_bytes: int, sync) -> str:
+    """One average of x's values with `compression` (a fresh name: zero residuals), against an
+    independent reference on the host; "" if it holds, else what is off. x is not modified."""
+    got = pycomm.allreduce(x.clone(), op="avg", compression=compression, name=f"check.{compression}.{size}")
+    sync()
+    got = got.cpu().numpy()
+    mine = x.cpu().numpy()
+    if compression == "onebit":
+        if size > check_max_bytes:
+            return ""
+        from compression_ref import two_phase
+
+        xs = comm.allgather(mine)
+        n, N = mine.size, comm.size
+        chunk = -(-n // (8 * N)) * 8
+        ref, _, _, ambiguous = two_phase(xs, [np.zeros(n, np.float32)] * N, [np.zeros(chunk, np.float32)] * N)
+        ok = ~ambiguous
+        err = np.abs(got - ref)[ok]
+        bound = 1e-6 * np.abs(ref[ok])
+    else:
+        ref = np.empty(mine.size, np.float64)
+        comm.Allreduce(mine.astype(np.float64), ref)
+        ref /= comm.size
+        err = np.abs(got.astype(np.float64) - ref)
+        # fp16: the inputs and the average each rounded to 11 bits, the sum in fp16 (pre-divided);
+        # none: float32 sums of N terms.
+        eps = 2.0 ** -11 if compression == "fp16" else 2.0 ** -24
+        biggest = comm.allreduce(float(np.abs(mine).max()), op=_max())  # over every rank's input
+        bound = 2 * (comm.size + 1) * eps * biggest + 1e-30
+    bad = int(np.count_nonzero(err > bound))
+    bad = comm.allreduce(bad)
+    return "" if bad == 0 else f"{bad} element(s) off, up to {float(comm.allreduce(float(err.max()), op=_max())):.3g}"
+
+
+def _max():
+    from mpi4py import MPI
+
+    return MPI.MAX
 
 
 def init_torch_distributed(comm, backend: str) -> None:
@@ -72,6 +120,9 @@ def main() -> int:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                    help="cpu: a dry run on CPU tensors (with PYCOMM_FORCE_STAGING or PYCOMM_FORCE_DEVICE_DIRECT "
                         "they take the device paths' code)")
+    p.add_argument("--check-max-bytes", default="64M", type=parse_size,
+                   help="largest size whose onebit result is checked against the numpy reference (it runs on "
+                        "the host, in float32, over every rank's input)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -108,23 +159,32 @@ def main() -> int:
 
     compressions = [c for c in a.compressions.split(",") if c]
     rows = []
+    failed = False
     s = a.min_bytes
     while s <= a.max_bytes:
         n = s // 4
         g = torch.Generator().manual_seed(rank + s)
-        x = torch.randn(n, generator=g).to(dev)
-        y = torch.empty_like(x)
+        x0 = torch.randn(n, generator=g).to(dev)
+        x, y, z = x0.clone(), torch.empty_like(x0), x0.clone()
         row = {"size": s}
         row["copy_GBps"] = s / slowest_median(lambda: y.copy_(x), comm, a.iters, sync) / 1e9
+        checks = []
         for c in compressions:
             try:
-                t = slowest_median(lambda: pycomm.allreduce(x, compression=c, name=f"bench.{c}.{s}"), comm,
+                problem = check_once(x, c, s, comm, a.check_max_bytes, sync)
+                if problem:
+                    checks.append(f"{c}: {problem}")
+                t = slowest_median(lambda: pycomm.allreduce(x, op="avg", compression=c, name=f"bench.{c}.{s}"), comm,
                                    a.iters, sync)
                 row[c] = s / t / 1e9 * 2 * (N - 1) / N if N > 1 else s / t / 1e9
             except Exception as e:  # a combination the device path refuses: report it, per row
                 row[c] = f"{type(e).__name__}: {str(e).splitlines()[0][:60]}"
+                failed = True
             comm.Barrier()
-        t = slowest_median(lambda: dist.all_reduce(x), comm, a.iters, sync)
+            x.copy_(x0)  # the next compression starts from the row's input
+        row["check"] = "; ".join(checks) if checks else "ok"
+        failed = failed or bool(checks)
+        t = slowest_median(lambda: dist.all_reduce(z), comm, a.iters, sync)  # a float32 sum on its own copy
         row[backend] = s / t / 1e9 * 2 * (N - 1) / N if N > 1 else s / t / 1e9
         rows.append(row)
         s *= a.factor
@@ -134,22 +194,26 @@ def main() -> int:
         cols = ["copy_GBps"] + compressions + [backend]
         names = ["copy GB/s"] + [f"pycomm-{c}" for c in compressions] + [backend]
         print(f"{'size':>9} " + " ".join(f"{h:>12}" for h in names) + " " +
-              " ".join(f"{c + '/' + backend:>12}" for c in compressions))
+              " ".join(f"{c + '/' + backend:>12}" for c in compressions) + "  check")
         for r in rows:
             cells = [f"{r[c]:>12.2f}" if isinstance(r[c], float) else f"{'error':>12}" for c in cols]
             ratios = [f"{r[c] / r[backend]:>11.2f}x" if isinstance(r[c], float) and r[backend] else f"{'-':>12}"
                       for c in compressions]
-            print(f"{human_size(r['size']):>9} " + " ".join(cells) + " " + " ".join(ratios))
+            check = "ok" if r["check"] == "ok" else "FAILED"
+            print(f"{human_size(r['size']):>9} " + " ".join(cells) + " " + " ".join(ratios) + f"  {check}")
         for r in rows:
             for c in compressions:
                 if not isinstance(r[c], float):
                     print(f"# {human_size(r['size'])} pycomm-{c}: {r[c]}")
+            if r["check"] != "ok":
+                print(f"# {human_size(r['size'])} check: {r['check']}")
+        print(f"# values checked: none and fp16 at every size, onebit up to {human_size(a.check_max_bytes)}")
         if a.json:
             with open(a.json, "w") as f:
                 json.dump({"device": a.device, "path": path, "baseline": backend, "rows": rows}, f, indent=1)
     dist.destroy_process_group()
     pycomm.shutdown()
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -53,6 +53,14 @@ def report(np: int, hosts: Optional[Sequence[Tuple[str, int]]], launcher: str) -
     override = os.environ.get("PYCOMM_CUDA_AWARE")
     row("CUDA-aware MPI", ("yes" if aware else "no") + (f" (PYCOMM_CUDA_AWARE={override})" if override else
                                                          " (MPIX_Query_cuda_support)"))
+    from .runtime import device_path
+
+    library = {1: "CUDA-aware", 0: "built without CUDA", -1: "cannot tell"}[_C.mpi_library_cuda_support()]
+    path = device_path()
+    row("device path", {"staged": "staged: CUDA tensors through pinned host memory (the MPI cannot read "
+                                  "device memory)",
+                        "direct": "direct: CUDA tensors to MPI as they are (CUDA-aware MPI)"}.get(path, path) +
+        f"; the MPI library says of itself: {library}")
     row("CPU ISA", f"{kernels.cpu_isa()} (PYCOMM_CPU_ISA overrides); OpenMP threads {kernels.cpu_threads()}")
     library = MPI.Get_library_version().strip().splitlines()[0]
     row("MPI library", f"{library}; MPI standard {'.'.join(map(str, MPI.Get_version()))}")

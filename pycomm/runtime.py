@@ -370,6 +370,18 @@ def get_options() -> dict:
     return dict(_C.get_options())
 
 
+def device_path() -> str:
+    """How CUDA tensors travel under this MPI (docs/gpu.md): "staged" (through pinned host memory: the
+    MPI cannot read device memory), "direct" (a CUDA-aware MPI reads it), or "refused: <why>" where
+    PYCOMM_CUDA_AWARE=1 claims a CUDA-aware MPI whose library says it was built without CUDA (the
+    engine then raises on CUDA tensors rather than hand their pointers to MPI)."""
+    if not _C.mpi_cuda_aware():
+        return "staged"
+    why = _C._direct_path_refusal("CUDA tensors", True, False, _C.mpi_library_cuda_support(),
+                                  os.environ.get("PYCOMM_CUDA_AWARE", ""))
+    return f"refused: {why}" if why else "direct"
+
+
 def stats() -> dict:
     """Engine counters: operations completed, coordination rounds, tensors that ran fused, and the
     memory the engine keeps between operations: shm_allocations (collective reallocations of the shared
@@ -377,6 +389,8 @@ def stats() -> dict:
     movers' cached working memory and fusion buffer (device_cache_bytes / _allocations,
     device_fusion_bytes / _allocations); and stream order: ready_waits (operations whose producer
     event the engine waited on), done_events, and the event pools' events_created, events_recorded,
-    event_stream_waits, event_host_waits."""
+    event_stream_waits, event_host_waits; and device_path, how CUDA tensors travel (device_path())."""
     topology()
-    return dict(_C.stats())
+    out = dict(_C.stats())
+    out["device_path"] = device_path()
+    return out

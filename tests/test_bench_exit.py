@@ -27,3 +27,21 @@ def test_comm_error_while_timing_fails_the_run():
                             env={"PYCOMM_TEST_BENCH_DISAGREE": "1"})
     assert rc != 0, out
     assert "ranks disagree on the call" in out and "skipping" not in out, out
+
+
+GPU_BENCH = os.path.join(ROOT, "bench", "gpu_allreduce.py")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("path", ["PYCOMM_FORCE_STAGING", "PYCOMM_FORCE_DEVICE_DIRECT"])
+def test_gpu_allreduce_checks_values(path):
+    """bench/gpu_allreduce.py's CPU dry run of a device path: every row runs every compression without
+    an error and its values check out (none and fp16 against mpi4py's float64 average, onebit against
+    the numpy two-phase reference)."""
+    rc, out = run_under_mpi(2, [GPU_BENCH, "--device", "cpu", "--min-bytes", "64K", "--max-bytes", "256K",
+                                "--iters", "3"], timeout=180, env={path: "1"})
+    assert rc == 0, out
+    rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith(("64 KiB", "256 KiB"))]
+    assert len(rows) == 2, out
+    assert all(r[-1] == "ok" and "error" not in r for r in rows), out
+    assert "onebit up to 64 MiB" in out, out

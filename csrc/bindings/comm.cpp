@@ -9,6 +9,7 @@
 #include "../comm/memory_mover.h"
 #include "bindings.h"
 #ifdef PYCOMM_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -111,6 +112,23 @@ void* current_stream(int device) {
 
 namespace {
 
+// The output of allgather/alltoall, allocated on the engine thread once the row counts are known. A
+// CUDA output is allocated with the submitter's current stream (captured here) current, so torch's
+// caching allocator ties the block to the stream that uses it (after wait() orders that stream on
+// the engine's done event), never to the engine thread's default stream (docs/gpu.md).
+std::function<at::Tensor(int64_t)> output_allocator(const at::TensorOptions& options) {
+#ifdef PYCOMM_WITH_CUDA
+  if (options.device().is_cuda()) {
+    c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(options.device().index());
+    return [options, stream](int64_t numel) {
+      c10::cuda::CUDAStreamGuard guard(stream);  // also the device, given back after
+      return at::empty({numel}, options);
+    };
+  }
+#endif
+  return [options](int64_t numel) { return at::empty({numel}, options); };
+}
+
 // The caller waits for `work`, so allreduces queued behind it are not held back for a fusion cycle
 // (as the c10d backend's wait() does): the last partial batch of a step runs at once.
 void flush_before_waiting(const comm::Work& work, int64_t group) {
@@ -179,6 +197,24 @@ class Handle {
 
 }  // namespace
 
+// pycomm's lanes use a CUDA tensor after the engine has finished issuing work on it (the host does
+// not wait for the last copies): recorded on both lanes, torch's caching allocator does not hand
+// its memory out again before that work has run (docs/gpu.md, stream rules).
+namespace {
+void record_on_lanes(const at::Tensor& t, comm::Engine& engine) {
+#ifdef PYCOMM_WITH_CUDA
+  const auto lanes = engine.device_lanes(t.get_device());
+  for (void* s : {lanes.first, lanes.second})
+    if (s)
+      t.record_stream(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(s),
+                                                       static_cast<c10::DeviceIndex>(t.get_device())));
+#else
+  (void)t;
+  (void)engine;
+#endif
+}
+}  // namespace
+
 // The tensors of one submission, kept alive until the engine is done, and
 // its ready event (device_event.h): recorded on torch's current stream of the
 // tensors' device, which produced them; the engine waits on it before it
@@ -196,6 +232,7 @@ std::shared_ptr<std::vector<at::Tensor>> keep(std::vector<at::Tensor> tensors, c
                               std::to_string(ready->device()) + " and cuda:" + std::to_string(t.get_device()) +
                               "); move them to one device");
       if (!ready) ready = comm::record_cuda_event(t.get_device(), current_stream(t.get_device()));
+      record_on_lanes(t, engine);
     }
   }
   if (!ready && engine.device_standin()) ready = comm::record_host_event();
@@ -334,7 +371,9 @@ at::Tensor allreduce_blocking(const at::Tensor& tensor, const std::string& op, b
   if (tensor.is_cuda() || engine().device_standin()) kept = keep({tensor}, engine());
   {
     py::gil_scoped_release release;
-    engine().allreduce(a, kept, true)->wait();
+    comm::WorkPtr work = engine().allreduce(a, kept, true);
+    work->wait();
+    order_current_stream(work->done_event());  // the caller's stream after pycomm's device work
   }
   return tensor;
 }
@@ -359,10 +398,10 @@ std::shared_ptr<Handle> allgather_async(const at::Tensor& tensor, const std::str
   gathered->row_shape.assign(tensor.sizes().begin() + 1, tensor.sizes().end());
   int64_t row_numel = 1;
   for (int64_t d : gathered->row_shape) row_numel *= d;
-  auto options = tensor.options();
-  auto allocate = [gathered, options, row_numel](size_t rows) -> void* {
+  auto make = output_allocator(tensor.options());
+  auto allocate = [gathered, make, row_numel](size_t rows) -> void* {
     gathered->rows = static_cast<int64_t>(rows);
-    gathered->flat = at::empty({gathered->rows * row_numel}, options);
+    gathered->flat = make(gathered->rows * row_numel);
     return gathered->flat.data_ptr();
   };
   auto work = engine_of(group).allgather(b, static_cast<size_t>(tensor.size(0)), gathered->row_shape, allocate, name,
@@ -415,10 +454,10 @@ std::shared_ptr<Handle> alltoall_async(const at::Tensor& input, const std::vecto
   a.name = name;
   auto gathered = std::make_shared<Handle::Gathered>();
   gathered->row_shape = a.row_shape;
-  auto options = input.options();
-  a.allocate = [gathered, options, row_numel](size_t rows) -> void* {
+  auto make = output_allocator(input.options());
+  a.allocate = [gathered, make, row_numel](size_t rows) -> void* {
     gathered->rows = static_cast<int64_t>(rows);
-    gathered->flat = at::empty({gathered->rows * row_numel}, options);
+    gathered->flat = make(gathered->rows * row_numel);
     return gathered->flat.data_ptr();
   };
   comm::WorkPtr work;
@@ -563,6 +602,15 @@ void register_comm(py::module_& m) {
   m.def("engine_running", [] { return static_cast<bool>(g_engine); });
   m.def("mpi_cuda_aware", [] { return comm::mpi_is_cuda_aware(); },
         "Whether MPI reads CUDA device memory itself (else device data is staged through pinned host buffers).");
+  m.def("mpi_library_cuda_support", [] { return comm::mpi_library_cuda_support(); },
+        "What the MPI library says of itself: 1 CUDA-aware, 0 built without CUDA, -1 it cannot tell.");
+  m.def("_direct_path_refusal",
+        [](const std::string& what, bool cuda_aware, bool forced_direct, int library_support,
+           const std::string& env_override) {
+          return comm::direct_path_refusal(what, cuda_aware, forced_direct, library_support,
+                                           env_override.empty() ? nullptr : env_override.c_str());
+        },
+        "The engine's guard before CUDA device pointers go to MPI (memory_mover.h): the reason, or ''.");
   m.def("set_options", [](const py::dict& d) {
     comm::EngineOptions o = options_from(d, engine().options());
     py::gil_scoped_release release;  // queued behind earlier operations, agreed by every rank

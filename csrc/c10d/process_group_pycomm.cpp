@@ -3,9 +3,14 @@
 #include <climits>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "../bindings/bindings.h"
+#ifdef PYCOMM_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 #include "../comm/compressed_allreduce.h"
 #include "../comm/engine.h"
 #include "../comm/mpi_types.h"
@@ -187,12 +192,43 @@ FutureRef make_future(const std::vector<at::Tensor>& outputs) {
   return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
 }
 
+// The submitter's current stream on CUDA device `device` (nullptr for none), and a scope that makes
+// it current on the engine thread (giving that thread's stream and device back after).
+void* caller_stream(int device) { return device >= 0 ? bindings::current_stream(device) : nullptr; }
+class StreamScope {
+ public:
+  StreamScope(void* stream, int device) {
+#ifdef PYCOMM_WITH_CUDA
+    if (stream)
+      guard_.emplace(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream),
+                                                      static_cast<c10::DeviceIndex>(device)));
+#else
+    (void)stream;
+    (void)device;
+#endif
+  }
+
+ private:
+#ifdef PYCOMM_WITH_CUDA
+  std::optional<c10::cuda::CUDAStreamGuard> guard_;
+#endif
+};
+
 // Wrap engine work: `post` (copies into the outputs) runs on the engine thread
 // after the operation, then the future completes with `outputs` or the error.
+// Stream order (docs/gpu.md): `post` and the future's completion events run on the submitter's
+// current stream of the outputs' device (captured here), after pycomm's done event, not on the engine
+// thread's default stream, which is not ordered after pycomm's lanes.
 WorkRef complete(int rank, OpType type, int64_t group, const comm::WorkPtr& work, std::vector<at::Tensor> outputs,
                  std::function<void()> post = {}) {
   FutureRef future = make_future(outputs);
-  work->then([future, outputs, post](std::exception_ptr error) {
+  int device = -1;
+  for (const auto& t : outputs)
+    if (t.is_cuda()) device = t.get_device();
+  comm::Work* w = work.get();  // alive while its callbacks run (Work::finish)
+  work->then([future, outputs, post, device, w, caller = caller_stream(device)](std::exception_ptr error) {
+    StreamScope on(caller, device);
+    if (!error && device >= 0) bindings::order_current_stream(w->done_event());
     if (!error && post) {
       try {
         post();
@@ -654,17 +690,17 @@ WorkRef ProcessGroupPycomm::scatter(std::vector<at::Tensor>& outputs, std::vecto
   TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < size_, "pycomm backend: scatter root ", opts.rootRank,
                     " is not a rank of this group (0..", size_ - 1, ")");
   const int root = static_cast<int>(opts.rootRank);
-  at::Tensor all;
+  // The root's inputs travel to the host on the engine thread, once their ready event has passed
+  // (the engine waits on it before a non-fused operation runs): no synchronous copy at submit.
+  std::vector<at::Tensor> kept_tensors{output};
   if (rank_ == root) {
     TORCH_CHECK_VALUE(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(size_),
                       "pycomm backend: scatter needs one list of world_size (", size_, ") tensors on the root");
-    std::vector<at::Tensor> flat;
     for (const auto& t : inputs[0]) {
       TORCH_CHECK_VALUE(t.numel() == output.numel() && t.scalar_type() == output.scalar_type(),
                         "pycomm backend: scatter inputs must have the output's size and dtype");
-      flat.push_back(t.reshape({-1}).to(at::kCPU));
+      kept_tensors.push_back(t);
     }
-    all = at::cat(flat);
   } else {
     TORCH_CHECK_VALUE(inputs.empty() || inputs[0].empty(), "pycomm backend: scatter takes inputs on the root only");
   }
@@ -675,12 +711,17 @@ WorkRef ProcessGroupPycomm::scatter(std::vector<at::Tensor>& outputs, std::vecto
   const int count = checked_count(bytes, "scatter");
   checked_count(bytes * static_cast<size_t>(size_), "scatter");
   MPI_Comm world = engine.topology().world;
-  Kept kept = keep({output, all}, group_);
+  Kept kept = keep(std::move(kept_tensors), group_);
   KeptRef ref = kept;
   auto work = engine.submit_custom(sig, "scatter", kept, [=]() {
     const Kept k = ref.lock();
     const at::Tensor& out = (*k)[0];
-    const at::Tensor& all = (*k)[1];  // the root's inputs, undefined elsewhere
+    at::Tensor all;  // the root's inputs in rank order, on the host; undefined elsewhere
+    if (k->size() > 1) {
+      std::vector<at::Tensor> flat;
+      for (size_t i = 1; i < k->size(); ++i) flat.push_back((*k)[i].reshape({-1}));
+      all = at::cat(flat).to(at::kCPU);
+    }
     at::Tensor h = out.is_cuda() ? at::empty(out.sizes(), out.options().device(at::kCPU)) : out;
     PYCOMM_MPI_CHECK(MPI_Scatter(all.defined() ? all.data_ptr() : nullptr, count, MPI_BYTE, h.data_ptr(), count,
                                  MPI_BYTE, root, world));

@@ -387,10 +387,7 @@ WorkPtr Engine::compressed_allreduce(const CompressedArgs& args, std::shared_ptr
     // force_staging / force_device_direct choose the path; else device memory goes direct when MPI can read it.
     const bool device = args.input.device != Device::CPU;
     const bool direct = active_.force_device_direct || (device && cuda_aware_ && !active_.force_staging);
-    if (direct && device && !cuda_aware_)
-      throw CommError("compressed allreduce of '" + args.name + "': force_device_direct hands device pointers to "
-                      "MPI, but this MPI cannot read device memory (not CUDA-aware; PYCOMM_CUDA_AWARE=1 if it is); "
-                      "unset force_device_direct to stage through host memory");
+    if (direct) check_direct(args.input, "compressed allreduce of '" + args.name + "'");
     if (direct || device || active_.force_staging) {
       DeviceOps& ops = device ? cuda_device_ops(args.input.device_index) : cpu_device_ops();
       MemoryMover& mover = mover_for(args.input);

@@ -4,6 +4,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -22,7 +23,15 @@ DeviceOps::Workspace DeviceOps::workspace(const void* owner, size_t bytes, size_
   size_t want = std::max(bytes, 2 * b.bytes);
   if (want > cache_limit) want = bytes;
   ++allocations_;
-  if (want > cache_limit) return Workspace(this, alloc(want), true);
+  if (want > cache_limit) {
+    // Said once per table; the memory is allocated and freed stream-ordered per call.
+    if (uncached_++ == 0)
+      std::fprintf(stderr,
+                   "pycomm: a compressed allreduce workspace of %zu MiB is above PYCOMM_DEVICE_CACHE_MB=%zu: "
+                   "workspaces this large are allocated per call (raise the limit to keep them); said once\n",
+                   want >> 20, cache_limit >> 20);
+    return Workspace(this, alloc(want), true);
+  }
   if (b.p) release(b.p);
   b = Block{};
   b.p = alloc(want);

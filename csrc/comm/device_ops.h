@@ -83,6 +83,7 @@ class DeviceOps {
   mutable std::mutex mu_;  // guards the map; each block is used by its owner alone
   std::map<const void*, Block> blocks_;
   uint64_t allocations_ = 0;
+  uint64_t uncached_ = 0;  // workspaces above the cache limit (allocated per call)
 };
 
 // The workspaces of every table made so far in this process (pycomm.stats():

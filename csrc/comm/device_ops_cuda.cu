@@ -15,6 +15,7 @@
 #include "../kernels/cuda_check.h"
 #include "../kernels/onebit.h"
 #include "device_ops.h"
+#include "device_scope_cuda.h"
 
 namespace pycomm {
 namespace comm {
@@ -42,7 +43,7 @@ __global__ void nonfinite_half_kernel(const uint16_t* __restrict__ x, size_t n, 
 class CudaOps : public DeviceOps {
  public:
   explicit CudaOps(int device) : device_(device) {
-    PYCOMM_CUDA_CHECK(cudaSetDevice(device_));
+    DeviceScope on(device_);
     PYCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     PYCOMM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&flag_), sizeof(int)));
   }
@@ -51,17 +52,17 @@ class CudaOps : public DeviceOps {
   const char* name() const override { return "cuda"; }
 
   int cast_to_half(const float* x, void* y, size_t n, DType half, float scale) override {
-    enter();
+    DeviceScope on(device_);
     kernels::cast_to_half_cuda(x, y, n, half, scale, flag_, stream_);
     return read_flag();
   }
   void cast_to_float(const void* x, float* y, size_t n, DType half) override {
-    enter();
+    DeviceScope on(device_);
     kernels::cast_to_float_cuda(x, y, n, half, 1.0f, stream_);
     sync();
   }
   int any_nonfinite(const float* x, const uint8_t* mask, size_t n) override {
-    enter();
+    DeviceScope on(device_);
     PYCOMM_CUDA_CHECK(cudaMemsetAsync(flag_, 0, sizeof(int), stream_));
     if (n) {
       nonfinite_f32_kernel<<<kernels::cuda::blocks_for(n), kernels::cuda::kThreads, 0, stream_>>>(x, mask, n, flag_);
@@ -70,7 +71,7 @@ class CudaOps : public DeviceOps {
     return read_flag();
   }
   int any_nonfinite_half(const void* x, size_t n, DType half) override {
-    enter();
+    DeviceScope on(device_);
     PYCOMM_CUDA_CHECK(cudaMemsetAsync(flag_, 0, sizeof(int), stream_));
     if (n) {
       const uint16_t exp = half == DType::F16 ? 0x7c00u : 0x7f80u;
@@ -82,47 +83,53 @@ class CudaOps : public DeviceOps {
   }
   void onebit_compress(const float* x, float* residual, size_t n, size_t chunk, uint8_t* bits, float* scale,
                        const uint8_t* mask) override {
-    enter();
+    DeviceScope on(device_);
     kernels::onebit_compress_cuda(x, residual, n, chunk, bits, scale, mask, stream_);
     sync();
   }
   void onebit_decompress(const uint8_t* bits, const float* scale, size_t n, size_t chunk, float* out,
                          const uint8_t* mask) override {
-    enter();
+    DeviceScope on(device_);
     kernels::onebit_decompress_cuda(bits, scale, n, chunk, out, mask, stream_);
     sync();
   }
   void onebit_decompress_accumulate(const uint8_t* bits, const float* scale, size_t n, size_t chunk, float* out,
                                     float weight, const uint8_t* mask) override {
-    enter();
+    DeviceScope on(device_);
     kernels::onebit_decompress_accumulate_cuda(bits, scale, n, chunk, out, weight, mask, stream_);
     sync();
   }
   void fill_zero(void* p, size_t bytes) override {
-    enter();
+    DeviceScope on(device_);
     PYCOMM_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
     sync();
   }
   void copy(void* dst, const void* src, size_t bytes) override {
-    enter();
+    DeviceScope on(device_);
     PYCOMM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
     sync();
   }
 
  protected:
   void* alloc(size_t bytes) override {
-    enter();
+    DeviceScope on(device_);
+    // Stream-ordered (the device's memory pool): a workspace above the cache limit comes and goes
+    // per call without the device-wide wait of cudaFree. Every operation here ends synchronised, so
+    // the memory is ready for the host-driven MPI calls that follow.
     void* p = nullptr;
-    PYCOMM_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
+    PYCOMM_CUDA_CHECK(cudaMallocAsync(&p, bytes ? bytes : 1, stream_));
+    sync();
     return p;
   }
   void release(void* p) override {  // from destructors: must not throw
+    int prev = -1;
+    cudaGetDevice(&prev);
     cudaSetDevice(device_);
-    cudaFree(p);
+    cudaFreeAsync(p, stream_);
+    if (prev >= 0 && prev != device_) cudaSetDevice(prev);
   }
 
  private:
-  void enter() { PYCOMM_CUDA_CHECK(cudaSetDevice(device_)); }
   void sync() { PYCOMM_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   int read_flag() {
     int host = 0;

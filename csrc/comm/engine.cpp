@@ -367,8 +367,11 @@ size_t Engine::execute(std::vector<Op*>& batch) {
       stats_.device_fusion_bytes += m->fusion_bytes();
       stats_.device_fusion_allocations += m->fusion_allocations();
     };
-    count_mover(host_mover_.get());
-    for (const auto& m : cuda_movers_) count_mover(m.get());
+    {
+      std::lock_guard<std::mutex> movers(movers_mu_);  // after mu_: mover_for never takes mu_
+      count_mover(host_mover_.get());
+      for (const auto& m : cuda_movers_) count_mover(m.get());
+    }
     const WorkspaceStats ws = device_ops_workspace_stats();  // the compressed allreduce's device workspaces
     stats_.device_cache_bytes += ws.bytes;
     stats_.device_cache_allocations += ws.allocations;
@@ -411,7 +414,16 @@ size_t device_cache_limit() {
 
 }  // namespace
 
+std::pair<void*, void*> Engine::device_lanes(int device) {
+  Buffer b;
+  b.device = Device::CUDA;
+  b.device_index = device;
+  MemoryMover& m = mover_for(b);
+  return {m.lane_stream(0), m.lane_stream(1)};
+}
+
 MemoryMover& Engine::mover_for(const Buffer& buf) {
+  std::lock_guard<std::mutex> lock(movers_mu_);
   if (buf.device == Device::CPU) {
     if (!host_mover_) {
       host_mover_ = std::make_unique<HostMover>();
@@ -428,9 +440,19 @@ MemoryMover& Engine::mover_for(const Buffer& buf) {
   return *cuda_movers_[d];
 }
 
+void Engine::check_direct(const Buffer& buf, const std::string& what) const {
+  if (buf.device == Device::CPU) return;  // host memory (the stand-ins included): any MPI reads it
+  const std::string why = direct_path_refusal(what, cuda_aware_, active_.force_device_direct, mpi_library_cuda_support(),
+                                              std::getenv("PYCOMM_CUDA_AWARE"));
+  if (!why.empty()) throw CommError(why);
+}
+
 void Engine::run_allreduce(const AllreduceArgs& a) {
   const bool device = a.input.device != Device::CPU;
-  if ((device && cuda_aware_) || active_.force_device_direct) return run_device_allreduce(a);
+  if ((device && cuda_aware_) || active_.force_device_direct) {
+    check_direct(a.input, "allreduce of '" + a.name + "'");
+    return run_device_allreduce(a);
+  }
   if (device || active_.force_staging) return run_staged_allreduce(a);
   run_host_allreduce(a);
 }
@@ -456,6 +478,7 @@ void Engine::run_device_allreduce(const AllreduceArgs& a) {
     throw CommError("allreduce algorithm 'hierarchical' needs the same number of ranks on every node; this job's "
                     "nodes differ in size (use 'ring' or 'mpi')");
   MemoryMover& gpu = mover_for(out);
+  gpu.wait_lane(0);  // a fused batch's pack (lane 0) has written the buffer MPI is about to read
   if (out.data != a.input.data && a.input.count) gpu.copy(out.data, a.input.data, a.input.bytes());
   if (out.count == 0 || topo_.size == 1) return;
   const bool half = out.dtype == DType::F16 || out.dtype == DType::BF16;
@@ -478,11 +501,13 @@ void Engine::run_device_allreduce(const AllreduceArgs& a) {
 void Engine::run_staged_allreduce(const AllreduceArgs& a) {
   if (a.input.count == 0) return;
   MemoryMover& mover = mover_for(a.input);
+  // No host wait for the last uploads: the done event (record_done) and a fused batch's unpack
+  // (lane 0) follow them on the device.
   staged_allreduce(a.input, a.output, mover, *staging_, active_.staging_chunk_bytes, [&](const Buffer& chunk) {
     AllreduceArgs h = a;
     h.input = h.output = chunk;
     run_host_allreduce(h);
-  });
+  }, false);
 }
 
 void Engine::run_host_allreduce(const AllreduceArgs& a) {
@@ -670,18 +695,42 @@ WorkPtr Engine::broadcast(const Buffer& buf, int root, std::string name, std::sh
   sig.root = root;
   return submit_custom(sig, "broadcast " + name, std::move(keepalive), [this, buf, root] {
     if (topo_.size == 1 || buf.count == 0) return;
-    if (buf.device == Device::CPU || cuda_aware_) return comm::broadcast(buf, root, topo_.world);
-    MemoryMover& mover = mover_for(buf);  // device memory through one host copy
-    std::vector<char> host(buf.bytes());
-    mover.to_host_async(host.data(), buf.data, buf.bytes(), 0);
-    mover.wait_lane(0);
-    Buffer h = buf;
-    h.data = host.data();
-    h.device = Device::CPU;
-    comm::broadcast(h, root, topo_.world);
-    mover.to_device_async(buf.data, host.data(), buf.bytes(), 0);
-    mover.wait_lane(0);
+    // Host memory goes to MPI as it is, unless force_staging makes it stand in for device memory.
+    const bool staged = buf.device == Device::CPU ? active_.force_staging && !active_.force_device_direct
+                                                  : !cuda_aware_;
+    if (!staged) {
+      check_direct(buf, "broadcast");
+      return comm::broadcast(buf, root, topo_.world);
+    }
+    staged_broadcast(buf, root);
   }, blocking);
+}
+
+// Device memory without a CUDA-aware MPI: through the two cached pinned staging chunks, double-
+// buffered as in staged_allreduce (staging.h). Chunk k (staging_chunk_bytes): the root copies it down
+// on lane k % 2 while chunk k-1 is broadcast; the others broadcast into the host chunk and copy it up
+// on lane k % 2. The host waits per chunk, for the copy MPI reads next (root) or the upload whose
+// buffer it reuses (others); the last uploads are ordered by the done event. Bytes per rank: S down
+// (root) or S up (others), S over MPI.
+void Engine::staged_broadcast(const Buffer& buf, int root) {
+  MemoryMover& mover = mover_for(buf);
+  const size_t bytes = buf.bytes();
+  const size_t chunk = staged_broadcast_chunk();
+  const size_t chunks = (bytes + chunk - 1) / chunk;
+  const bool is_root = topo_.rank == root;
+  staging_->reserve(mover, std::min(bytes, chunk));
+  char* base = static_cast<char*>(buf.data);
+  auto len_of = [&](size_t k) { return std::min(chunk, bytes - k * chunk); };
+  if (is_root) mover.to_host_async(staging_->chunk[0], base, len_of(0), 0);
+  for (size_t k = 0; k < chunks; ++k) {
+    const int lane = static_cast<int>(k % 2);
+    mover.wait_lane(lane);
+    if (is_root && k + 1 < chunks)
+      mover.to_host_async(staging_->chunk[1 - lane], base + (k + 1) * chunk, len_of(k + 1), 1 - lane);
+    PYCOMM_MPI_CHECK(MPI_Bcast(staging_->chunk[lane], static_cast<int>(len_of(k)), MPI_BYTE, root, topo_.world));
+    if (!is_root) mover.to_device_async(base + k * chunk, staging_->chunk[lane], len_of(k), lane);
+  }
+  mover.join_lanes();
 }
 
 WorkPtr Engine::allgather(const Buffer& send, size_t rows, std::vector<int64_t> row_shape,
@@ -695,6 +744,7 @@ WorkPtr Engine::allgather(const Buffer& send, size_t rows, std::vector<int64_t> 
   const size_t row_bytes = row_elems * kernels::dtype_size(send.dtype);
   return submit_custom(sig, "allgather " + name, std::move(keepalive), [this, send, rows, row_bytes, allocate] {
     if (send.device == Device::CPU || cuda_aware_) {
+      check_direct(send, "allgather");
       allgatherv(send.data, rows, row_bytes, topo_.world, allocate);
       return;
     }

@@ -9,6 +9,7 @@
 // reduced by one allreduce, unpacked. The coordinator makes every rank fuse
 // the same tensors in the same order.
 #pragma once
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -204,9 +205,15 @@ class Engine {
   void run_allreduce(const AllreduceArgs& args);
   // The same, for host memory only.
   void run_host_allreduce(const AllreduceArgs& args);
-  // The mover for a buffer's memory (CUDA streams, or host lanes for tests).
+  // The mover for a buffer's memory (CUDA streams, or host lanes for tests). Any thread.
   MemoryMover& mover_for(const Buffer& buf);
+  // The two lane streams of CUDA device `device`'s mover (cudaStream_t), made if need be.
+  std::pair<void*, void*> device_lanes(int device);
   bool cuda_aware() const { return cuda_aware_; }
+  // Device memory about to go to MPI directly: raise direct_path_refusal()'s reason, if any
+  // (memory_mover.h). Runs after the coordination round, where every rank has agreed on the
+  // buffer's device and options, so every rank raises alike before any data moves.
+  void check_direct(const Buffer& buf, const std::string& what) const;
   // force_staging or force_device_direct: host memory stands in for device memory.
   bool device_standin() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -260,8 +267,14 @@ class Engine {
   bool cuda_aware_ = false;
   std::unique_ptr<MemoryMover> host_mover_;
   std::vector<std::unique_ptr<MemoryMover>> cuda_movers_;  // by device index
+  std::mutex movers_mu_;  // creation of movers: the engine thread and submitters (device_lanes)
   std::unique_ptr<StagingBuffers> staging_;
   void run_staged_allreduce(const AllreduceArgs& args);
+  void staged_broadcast(const Buffer& buf, int root);
+  // Bytes per MPI_Bcast of a staged broadcast (a joined rank answers with the same messages).
+  size_t staged_broadcast_chunk() const {
+    return std::max<size_t>(1, std::min(active_.staging_chunk_bytes, size_t(1) << 30));
+  }
   void run_device_allreduce(const AllreduceArgs& args);
 
   mutable std::mutex mu_;

@@ -145,7 +145,17 @@ void Engine::answer_joined(const std::vector<Signature>& sigs) {
       b.dtype = dtype;
       join_scratch_.resize(std::max<size_t>(b.bytes(), 1));
       b.data = join_scratch_.data();
-      if (topo_.size > 1 && b.count > 0) comm::broadcast(b, s.root, topo_.world);
+      if (topo_.size <= 1 || b.count == 0) return;
+      // The same MPI messages as the others' path: staged broadcasts go in staging chunks.
+      const bool device = static_cast<Device>(s.device) != Device::CPU;
+      if (device ? !cuda_aware_ : active_.force_staging && !active_.force_device_direct) {
+        const size_t chunk = staged_broadcast_chunk();
+        for (size_t off = 0; off < b.bytes(); off += chunk)
+          PYCOMM_MPI_CHECK(MPI_Bcast(join_scratch_.data() + off, static_cast<int>(std::min(chunk, b.bytes() - off)),
+                                     MPI_BYTE, s.root, topo_.world));
+      } else {
+        comm::broadcast(b, s.root, topo_.world);
+      }
       return;
     }
     case Collective::ALLGATHER: {

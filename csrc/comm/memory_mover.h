@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
+#include <string>
 
 #include "../kernels/dtype.h"
 #include "device_event.h"
@@ -23,6 +25,14 @@ class MemoryMover {
   virtual void to_host_async(void* host, const void* src, size_t bytes, int lane) = 0;
   virtual void to_device_async(void* dst, const void* host, size_t bytes, int lane) = 0;
   virtual void wait_lane(int lane) = 0;  // every copy issued on `lane` has finished
+  // Everything issued on either lane so far is ordered before what lane 0 runs next and before
+  // record_done(), without blocking the host where the memory has streams: on CUDA lane 0 waits
+  // for lane 1 on the device; the host stand-in (whose events order nothing) waits for both lanes.
+  virtual void join_lanes() = 0;
+  // The lane's stream (a cudaStream_t) where the memory has streams; nullptr for the host stand-in.
+  // The bindings record submitted CUDA tensors on both lanes (recordStream), so torch's caching
+  // allocator reuses their memory only after the lanes' work on it, which the host no longer waits for.
+  virtual void* lane_stream(int lane) const { (void)lane; return nullptr; }
 
   // Working memory of the buffer's kind and synchronous operations on it, for
   // algorithms that run on device memory directly (a CUDA-aware MPI): the
@@ -36,7 +46,9 @@ class MemoryMover {
 
   // Tensor fusion on the buffer's memory (fusion.h): flat[off_k + i] = srcs[k][i], and back with
   // the average's scale fused in. The CUDA pack/unpack kernels on a GPU, the CPU kernels on the host
-  // stand-in. Each returns once the memory holds the result.
+  // stand-in. Stream-ordered, not host-synchronous: pack runs on lane 0 and both lanes' later work
+  // follows it; unpack follows everything issued on either lane (join_lanes) and record_done()
+  // follows it. Whoever hands `flat` to MPI after pack waits for lane 0 first.
   virtual void pack(const void* const* srcs, const size_t* counts, size_t num, void* flat, kernels::DType dtype) = 0;
   virtual void unpack(const void* flat, void* const* dsts, const size_t* counts, size_t num, kernels::DType dtype,
                       double scale) = 0;
@@ -78,6 +90,8 @@ class MemoryMover {
   size_t fusion_bytes() const { return fusion_.bytes; }
   uint64_t fusion_allocations() const { return fusion_.allocations; }  // blocks allocated by fusion_memory()
   void set_cache_limit(size_t bytes) { cache_limit_ = bytes; }
+  // Requests above the cache limit (memory of their own, allocated and freed per call).
+  uint64_t uncached_allocations() const { return uncached_; }
   size_t cache_limit() const { return cache_limit_; }
 
  protected:
@@ -98,7 +112,10 @@ class MemoryMover {
     size_t want = std::max(bytes, c.bytes * 2);
     if (want > cache_limit_) want = bytes;
     ++c.allocations;
-    if (want > cache_limit_) return Lease(this, alloc_device(want), true);
+    if (want > cache_limit_) {
+      over_limit(want);
+      return Lease(this, alloc_device(want), true);
+    }
     drop(c);
     c.p = alloc_device(want);
     c.bytes = want;
@@ -109,8 +126,18 @@ class MemoryMover {
     c.p = nullptr;
     c.bytes = 0;
   }
+  // Says once per mover that a request is above the cache limit: it is allocated and freed per call
+  // (stream-ordered on a GPU: cudaMallocAsync/cudaFreeAsync, no device-wide cudaFree).
+  void over_limit(size_t bytes) {
+    if (uncached_++ == 0)
+      std::fprintf(stderr,
+                   "pycomm: a working buffer of %zu MiB is above PYCOMM_DEVICE_CACHE_MB=%zu: buffers this large "
+                   "are allocated per call (raise the limit to keep them); said once\n",
+                   bytes >> 20, cache_limit_ >> 20);
+  }
   Cache working_, fusion_;
   size_t cache_limit_ = size_t(256) << 20;
+  uint64_t uncached_ = 0;
 };
 
 // CUDA streams and pinned host memory on `device` (staging_cuda.cu; CUDA builds only).
@@ -120,6 +147,15 @@ std::unique_ptr<MemoryMover> make_cuda_mover(int device);
 // (MPIX_Query_cuda_support where the implementation has it; PYCOMM_CUDA_AWARE
 // overrides). Defined in staging.cpp.
 bool mpi_is_cuda_aware();
+// What the MPI library itself says, whatever PYCOMM_CUDA_AWARE claims: 1 CUDA-aware, 0 built without
+// CUDA (Open MPI's mpi-ext.h defines MPIX_CUDA_AWARE_SUPPORT as 0), -1 the library cannot tell.
+int mpi_library_cuda_support();
+// Why CUDA device pointers may not go to MPI on the direct path ("" when they may): the MPI is not
+// CUDA-aware (`forced_direct`: force_device_direct chose the path), or PYCOMM_CUDA_AWARE=1
+// (`env_override`) claims so for a library whose headers say it was built without CUDA.
+// `what` names the operation. The engine raises it on every rank before any data moves.
+std::string direct_path_refusal(const std::string& what, bool cuda_aware, bool forced_direct, int library_support,
+                                const char* env_override);
 
 }  // namespace comm
 }  // namespace pycomm

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace pycomm {
 namespace comm {
@@ -115,7 +116,8 @@ void StagingBuffers::release() {
 }
 
 void staged_allreduce(const Buffer& src, const Buffer& dst, MemoryMover& mover, StagingBuffers& staging,
-                      size_t chunk_bytes, const std::function<void(const Buffer& host_chunk)>& host_allreduce) {
+                      size_t chunk_bytes, const std::function<void(const Buffer& host_chunk)>& host_allreduce,
+                      bool host_wait) {
   if (src.count == 0) return;
   const size_t esize = kernels::dtype_size(src.dtype);
   const size_t chunk_elems = std::max<size_t>(1, chunk_bytes / esize);
@@ -149,8 +151,12 @@ void staged_allreduce(const Buffer& src, const Buffer& dst, MemoryMover& mover, 
     host_allreduce(host);
     mover.to_device_async(dst.bytes_at(begin), staging.chunk[lane], len * esize, lane);
   }
-  mover.wait_lane(0);
-  mover.wait_lane(1);
+  if (host_wait) {
+    mover.wait_lane(0);
+    mover.wait_lane(1);
+  } else {
+    mover.join_lanes();
+  }
 }
 
 }  // namespace comm
@@ -173,6 +179,29 @@ bool mpi_is_cuda_aware() {
 #else
   return false;
 #endif
+}
+
+int mpi_library_cuda_support() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() == 1 ? 1 : 0;
+#elif defined(MPIX_CUDA_AWARE_SUPPORT)
+  return 0;  // Open MPI built without CUDA (the pip wheels): its headers say so
+#else
+  return -1;
+#endif
+}
+
+std::string direct_path_refusal(const std::string& what, bool cuda_aware, bool forced_direct, int library_support,
+                                const char* env_override) {
+  if (!cuda_aware)
+    return what + ": " + (forced_direct ? "force_device_direct (PYCOMM_FORCE_DEVICE_DIRECT=1) hands" : "this path hands") +
+           " CUDA device pointers to MPI, but this MPI cannot read device memory (not CUDA-aware: "
+           "MPIX_Query_cuda_support, or PYCOMM_CUDA_AWARE=0); unset force_device_direct to stage through host memory";
+  if (library_support == 0 && env_override && env_override[0] == '1')
+    return what + ": PYCOMM_CUDA_AWARE=1 declares this MPI CUDA-aware, but the library was built without CUDA "
+                  "support (its mpi-ext.h says so), so it would read CUDA device pointers as host memory; unset "
+                  "PYCOMM_CUDA_AWARE (device data is then staged through host memory) or use a CUDA-aware MPI";
+  return std::string();
 }
 
 #ifndef PYCOMM_WITH_CUDA

@@ -35,6 +35,10 @@ class HostMover : public MemoryMover {
   void to_host_async(void* host, const void* src, size_t bytes, int lane) override;
   void to_device_async(void* dst, const void* host, size_t bytes, int lane) override;
   void wait_lane(int lane) override;
+  void join_lanes() override {
+    wait_lane(0);
+    wait_lane(1);
+  }
   void* alloc_device(size_t bytes) override { return alloc_staging(bytes); }
   void free_device(void* p) override { free_staging(p); }
   void reduce(void* dst, const void* src, size_t count, kernels::DType dtype, kernels::ReduceOp op) override;
@@ -73,9 +77,14 @@ struct StagingBuffers {
 // Double-buffered staging of `src` (in the mover's memory) through host
 // chunks of at most `chunk_bytes` into `dst` (same shape, may equal src);
 // `host_allreduce` reduces one host chunk across ranks in place. Every rank
-// cuts the buffer into the same chunks.
+// cuts the buffer into the same chunks. The host waits per chunk, for the
+// download MPI reads next (and the upload whose buffer it reuses); at the end
+// it waits for the last uploads only if `host_wait` (a caller that reads dst
+// on another stream or on the host), else they are ordered before lane 0's
+// next work and record_done() (MemoryMover::join_lanes).
 void staged_allreduce(const Buffer& src, const Buffer& dst, MemoryMover& mover, StagingBuffers& staging,
-                      size_t chunk_bytes, const std::function<void(const Buffer& host_chunk)>& host_allreduce);
+                      size_t chunk_bytes, const std::function<void(const Buffer& host_chunk)>& host_allreduce,
+                      bool host_wait = true);
 
 }  // namespace comm
 }  // namespace pycomm

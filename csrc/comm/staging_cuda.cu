@@ -1,13 +1,15 @@
 // MemoryMover over CUDA: two streams (the pipeline's lanes) and pinned host
 // buffers, so device->host and host->device copies run while the host
-// reduces another chunk. No torch or MPI headers.
+// reduces another chunk. No torch or MPI headers. Stream rules: docs/gpu.md.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
 #include "../kernels/fusion.h"
 #include "../kernels/reduce.h"
+#include "device_scope_cuda.h"
 #include "memory_mover.h"
 
 namespace pycomm {
@@ -18,15 +20,27 @@ void check(cudaError_t rc, const char* what) {
   if (rc != cudaSuccess) throw std::runtime_error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(rc));
 }
 
+// Device work is ordered by the two lanes (streams) and events between them; the host waits only
+// where the staging pipeline hands host chunks to MPI (wait_lane) and where the direct path's
+// reductions are read by MPI next (reduce/scale/copy).
 class CudaMover : public MemoryMover {
  public:
   explicit CudaMover(int device) : device_(device) {
-    check(cudaSetDevice(device_), "cudaSetDevice");
+    DeviceScope on(device_);
     for (auto& s : streams_) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaEventCreateWithFlags(&lane_event_, cudaEventDisableTiming), "cudaEventCreate");
+    for (auto& t : tables_) check(cudaEventCreateWithFlags(&t.used, cudaEventDisableTiming), "cudaEventCreate");
   }
   ~CudaMover() override {
     cudaSetDevice(device_);
+    for (auto& s : streams_) cudaStreamSynchronize(s);
     drop_cache();
+    for (auto& t : tables_) {
+      if (t.host) cudaFreeHost(t.host);
+      if (t.device) cudaFree(t.device);
+      cudaEventDestroy(t.used);
+    }
+    cudaEventDestroy(lane_event_);
     for (auto& s : streams_) cudaStreamDestroy(s);
   }
   void* alloc_staging(size_t bytes) override {
@@ -36,47 +50,73 @@ class CudaMover : public MemoryMover {
   }
   void free_staging(void* p) override { cudaFreeHost(p); }
   void to_host_async(void* host, const void* src, size_t bytes, int lane) override {
-    check(cudaSetDevice(device_), "cudaSetDevice");
+    DeviceScope on(device_);
     check(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, streams_[lane & 1]), "cudaMemcpyAsync D2H");
   }
   void to_device_async(void* dst, const void* host, size_t bytes, int lane) override {
-    check(cudaSetDevice(device_), "cudaSetDevice");
+    DeviceScope on(device_);
     check(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, streams_[lane & 1]), "cudaMemcpyAsync H2D");
   }
   void wait_lane(int lane) override { check(cudaStreamSynchronize(streams_[lane & 1]), "cudaStreamSynchronize"); }
+  void* lane_stream(int lane) const override { return streams_[lane & 1]; }
+  void join_lanes() override {
+    DeviceScope on(device_);
+    lane_order(1, 0);
+  }
 
+  // Stream-ordered on lane 0 (cudaMallocAsync/cudaFreeAsync: from the device's memory pool, no
+  // device-wide synchronisation). The caches (memory_mover.h) call these only when they grow and
+  // for requests above their limit; by then everything on lane 1 is joined into lane 0 (the
+  // engine's record_done at the end of every operation).
   void* alloc_device(size_t bytes) override {
-    check(cudaSetDevice(device_), "cudaSetDevice");
+    DeviceScope on(device_);
     void* p = nullptr;
-    check(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
+    check(cudaMallocAsync(&p, bytes ? bytes : 1, streams_[0]), "cudaMallocAsync");
+    // Usable from any stream, and by a CUDA-aware MPI, once lane 0 has reached it (growth only).
+    check(cudaStreamSynchronize(streams_[0]), "cudaStreamSynchronize (allocation)");
     return p;
   }
-  void free_device(void* p) override { cudaFree(p); }
+  void free_device(void* p) override {
+    // From destructors (Lease, drop_cache): must not throw, and gives the caller's device back.
+    int prev = -1;
+    cudaGetDevice(&prev);
+    cudaSetDevice(device_);
+    lane_order_nothrow(1, 0);
+    cudaFreeAsync(p, streams_[0]);
+    if (prev >= 0 && prev != device_) cudaSetDevice(prev);
+  }
+  // The direct path's reductions: MPI reads the result next, so the host waits for it.
   void reduce(void* dst, const void* src, size_t count, kernels::DType dtype, kernels::ReduceOp op) override {
-    check(cudaSetDevice(device_), "cudaSetDevice");
+    DeviceScope on(device_);
     kernels::reduce_cuda(dst, src, count, dtype, op, streams_[0]);
     check(cudaStreamSynchronize(streams_[0]), "cudaStreamSynchronize (reduce)");
   }
   void scale(void* dst, size_t count, kernels::DType dtype, double factor) override {
-    check(cudaSetDevice(device_), "cudaSetDevice");
+    DeviceScope on(device_);
     kernels::scale_cuda(dst, count, dtype, factor, streams_[0]);
     check(cudaStreamSynchronize(streams_[0]), "cudaStreamSynchronize (scale)");
   }
   void copy(void* dst, const void* src, size_t bytes) override {
-    check(cudaSetDevice(device_), "cudaSetDevice");
+    DeviceScope on(device_);
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, streams_[0]), "cudaMemcpyAsync D2D");
     check(cudaStreamSynchronize(streams_[0]), "cudaStreamSynchronize (copy)");
   }
+  // Pack on lane 0, then lane 1 waits for it on the device (the staging pipeline downloads on both).
   void pack(const void* const* srcs, const size_t* counts, size_t num, void* flat, kernels::DType dtype) override {
-    check(cudaSetDevice(device_), "cudaSetDevice");
-    kernels::fusion_pack_cuda(srcs, counts, num, flat, dtype, streams_[0]);
-    check(cudaStreamSynchronize(streams_[0]), "cudaStreamSynchronize (pack)");
+    DeviceScope on(device_);
+    Table& t = table_for(0, kernels::fusion_table_bytes(counts, num, dtype));
+    kernels::fusion_pack_cuda(srcs, counts, num, flat, dtype, t.host, t.device, streams_[0]);
+    check(cudaEventRecord(t.used, streams_[0]), "cudaEventRecord");
+    lane_order(0, 1);
   }
+  // After everything on both lanes (the staged uploads), on lane 0; record_done() follows it.
   void unpack(const void* flat, void* const* dsts, const size_t* counts, size_t num, kernels::DType dtype,
               double scale) override {
-    check(cudaSetDevice(device_), "cudaSetDevice");
-    kernels::fusion_unpack_cuda(flat, dsts, counts, num, dtype, scale, streams_[0]);
-    check(cudaStreamSynchronize(streams_[0]), "cudaStreamSynchronize (unpack)");
+    DeviceScope on(device_);
+    lane_order(1, 0);
+    Table& t = table_for(1, kernels::fusion_table_bytes(counts, num, dtype));
+    kernels::fusion_unpack_cuda(flat, dsts, counts, num, dtype, scale, t.host, t.device, streams_[0]);
+    check(cudaEventRecord(t.used, streams_[0]), "cudaEventRecord");
   }
   // Both lanes wait for the producer on the device; the host goes on.
   void wait_event(DeviceEvent& producer) override {
@@ -90,8 +130,46 @@ class CudaMover : public MemoryMover {
   }
 
  private:
+  // Stream `to` waits for everything issued on stream `from` so far (device side only).
+  void lane_order(int from, int to) {
+    check(cudaEventRecord(lane_event_, streams_[from]), "cudaEventRecord (lanes)");
+    check(cudaStreamWaitEvent(streams_[to], lane_event_, 0), "cudaStreamWaitEvent (lanes)");
+  }
+  void lane_order_nothrow(int from, int to) {
+    if (cudaEventRecord(lane_event_, streams_[from]) == cudaSuccess) cudaStreamWaitEvent(streams_[to], lane_event_, 0);
+  }
+  // The fusion piece tables, one for pack and one for unpack: pinned host and device copies kept
+  // between calls, regrown (doubling) only when a batch has more pieces than any before. A host
+  // table is rewritten once its previous kernel has run (`used`): that was a whole batch earlier,
+  // and the staging pipeline's host waits on lane 0 have passed it since, so this does not block.
+  struct Table {
+    void* host = nullptr;
+    void* device = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t used = nullptr;
+  };
+  Table& table_for(int which, size_t bytes) {
+    Table& t = tables_[which];
+    if (bytes > t.bytes) {
+      const size_t want = std::max(bytes, 2 * t.bytes);
+      check(cudaEventSynchronize(t.used), "cudaEventSynchronize (table regrowth)");
+      if (t.host) check(cudaFreeHost(t.host), "cudaFreeHost");
+      if (t.device) check(cudaFreeAsync(t.device, streams_[0]), "cudaFreeAsync");
+      t.host = t.device = nullptr;
+      t.bytes = 0;
+      check(cudaMallocHost(&t.host, want), "cudaMallocHost (fusion table)");
+      check(cudaMallocAsync(&t.device, want, streams_[0]), "cudaMallocAsync (fusion table)");
+      t.bytes = want;
+    } else {
+      check(cudaEventSynchronize(t.used), "cudaEventSynchronize (fusion table)");
+    }
+    return t;
+  }
+
   int device_;
   cudaStream_t streams_[2] = {nullptr, nullptr};
+  cudaEvent_t lane_event_ = nullptr;
+  Table tables_[2];
 };
 
 }  // namespace

@@ -36,6 +36,13 @@ void fusion_pack_cuda(const void* const*, const size_t*, size_t, void*, DType, S
 void fusion_unpack_cuda(const void*, void* const*, const size_t*, size_t, DType, double, Stream) {
   no_cuda("fusion_unpack_cuda");
 }
+size_t fusion_table_bytes(const size_t*, size_t, DType) { no_cuda("fusion_table_bytes"); }
+void fusion_pack_cuda(const void* const*, const size_t*, size_t, void*, DType, void*, void*, Stream) {
+  no_cuda("fusion_pack_cuda");
+}
+void fusion_unpack_cuda(const void*, void* const*, const size_t*, size_t, DType, double, void*, void*, Stream) {
+  no_cuda("fusion_unpack_cuda");
+}
 void reduce_cuda(void*, const void*, size_t, DType, ReduceOp, Stream) { no_cuda("reduce_cuda"); }
 void scale_cuda(void*, size_t, DType, double, Stream) { no_cuda("scale_cuda"); }
 

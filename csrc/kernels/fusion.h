@@ -25,6 +25,16 @@ void fusion_pack_cuda(const void* const* srcs, const size_t* counts, size_t num,
 void fusion_unpack_cuda(const void* flat, void* const* dsts, const size_t* counts, size_t num, DType dtype,
                         double scale, Stream stream);
 
+// The same with the piece table in memory the caller keeps (no allocation per call): `host_table`
+// (pinned host memory) and `table` (device memory) of at least fusion_table_bytes(...) bytes each.
+// The host table is written at once and copied to `table` on `stream`; the caller must not rewrite
+// it before that copy has run (an event recorded after the call tells).
+size_t fusion_table_bytes(const size_t* counts, size_t num, DType dtype);
+void fusion_pack_cuda(const void* const* srcs, const size_t* counts, size_t num, void* flat, DType dtype,
+                      void* host_table, void* table, Stream stream);
+void fusion_unpack_cuda(const void* flat, void* const* dsts, const size_t* counts, size_t num, DType dtype,
+                        double scale, void* host_table, void* table, Stream stream);
+
 // Throws std::invalid_argument for a scale != 1 on an integer dtype.
 void fusion_check_scale(DType dtype, double scale);
 

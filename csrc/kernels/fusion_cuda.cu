@@ -1,6 +1,7 @@
 // Fusion pack/unpack on the GPU in one launch. The host cuts every tensor
 // into pieces of at most kPieceBytes, copies the piece table (source,
-// destination, length) to stream-ordered device scratch, and one kernel
+// destination, length) to device memory (stream-ordered scratch, or the
+// caller's cached table from its pinned host table), and one kernel
 // grid-strides over the pieces, a block per piece. A piece is copied with
 // 16-byte vectors when source and destination share their alignment mod 16
 // (head and tail bytes done singly), else with the widest word they share;
@@ -96,31 +97,31 @@ __global__ void scale_kernel(const Piece* __restrict__ pieces, size_t np, double
   }
 }
 
-// pack: src = tensors, dst = flat; unpack: the other way round.
-void run(const void* const* tensors, const size_t* counts, size_t num, const void* flat, bool pack, DType dtype,
-         double scale, Stream stream) {
-  const size_t es = dtype_size(dtype);
-  std::vector<Piece> pieces;
-  size_t off = 0;
+// The pieces of every tensor, at most kPieceBytes each: {tensor part, flat part, length}, written
+// to `out` (pieces_of() of them) in tensor order.
+size_t pieces_of(const size_t* counts, size_t num, size_t es) {
+  size_t n = 0;
+  for (size_t k = 0; k < num; ++k) n += (counts[k] * es + kPieceBytes - 1) / kPieceBytes;
+  return n;
+}
+
+void fill(Piece* out, const void* const* tensors, const size_t* counts, size_t num, const void* flat, bool pack,
+          size_t es) {
+  size_t off = 0, i = 0;
   for (size_t k = 0; k < num; ++k) {
     const size_t bytes = counts[k] * es;
     const char* t = static_cast<const char*>(tensors[k]);
     const char* f = static_cast<const char*>(flat) + off;
     for (size_t b = 0; b < bytes; b += kPieceBytes) {
       size_t len = bytes - b < kPieceBytes ? bytes - b : kPieceBytes;
-      if (pack) pieces.push_back({t + b, const_cast<char*>(f + b), len});
-      else pieces.push_back({f + b, const_cast<char*>(t + b), len});
+      if (pack) out[i++] = {t + b, const_cast<char*>(f + b), len};
+      else out[i++] = {f + b, const_cast<char*>(t + b), len};
     }
     off += bytes;
   }
-  if (pieces.empty()) return;
-  void* table = nullptr;
-  const size_t table_bytes = pieces.size() * sizeof(Piece);
-  PYCOMM_CUDA_CHECK(cudaMallocAsync(&table, table_bytes, stream));
-  // From pageable memory: returns once the table is staged, so `pieces` may go.
-  PYCOMM_CUDA_CHECK(cudaMemcpyAsync(table, pieces.data(), table_bytes, cudaMemcpyHostToDevice, stream));
-  const auto* tp = static_cast<const Piece*>(table);
-  const size_t np = pieces.size();
+}
+
+void launch(const Piece* tp, size_t np, DType dtype, double scale, Stream stream) {
   unsigned blocks = cuda::blocks_for(np, 1);
   if (scale == 1.0) {
     copy_kernel<<<blocks, cuda::kThreads, 0, stream>>>(tp, np);
@@ -134,7 +135,33 @@ void run(const void* const* tensors, const size_t* counts, size_t num, const voi
     }
   }
   PYCOMM_CUDA_CHECK_LAUNCH();
+}
+
+// pack: src = tensors, dst = flat; unpack: the other way round. The table in stream-ordered scratch.
+void run(const void* const* tensors, const size_t* counts, size_t num, const void* flat, bool pack, DType dtype,
+         double scale, Stream stream) {
+  const size_t es = dtype_size(dtype);
+  std::vector<Piece> pieces(pieces_of(counts, num, es));
+  if (pieces.empty()) return;
+  fill(pieces.data(), tensors, counts, num, flat, pack, es);
+  void* table = nullptr;
+  const size_t table_bytes = pieces.size() * sizeof(Piece);
+  PYCOMM_CUDA_CHECK(cudaMallocAsync(&table, table_bytes, stream));
+  // From pageable memory: returns once the table is staged, so `pieces` may go.
+  PYCOMM_CUDA_CHECK(cudaMemcpyAsync(table, pieces.data(), table_bytes, cudaMemcpyHostToDevice, stream));
+  launch(static_cast<const Piece*>(table), pieces.size(), dtype, scale, stream);
   PYCOMM_CUDA_CHECK(cudaFreeAsync(table, stream));
+}
+
+// The same with the caller's pinned host table and device table.
+void run_ws(const void* const* tensors, const size_t* counts, size_t num, const void* flat, bool pack, DType dtype,
+            double scale, void* host_table, void* table, Stream stream) {
+  const size_t es = dtype_size(dtype);
+  const size_t np = pieces_of(counts, num, es);
+  if (np == 0) return;
+  fill(static_cast<Piece*>(host_table), tensors, counts, num, flat, pack, es);
+  PYCOMM_CUDA_CHECK(cudaMemcpyAsync(table, host_table, np * sizeof(Piece), cudaMemcpyHostToDevice, stream));
+  launch(static_cast<const Piece*>(table), np, dtype, scale, stream);
 }
 
 }  // namespace
@@ -148,6 +175,21 @@ void fusion_unpack_cuda(const void* flat, void* const* dsts, const size_t* count
                         double scale, Stream stream) {
   fusion_check_scale(dtype, scale);
   run(const_cast<const void* const*>(dsts), counts, num, flat, false, dtype, scale, stream);
+}
+
+size_t fusion_table_bytes(const size_t* counts, size_t num, DType dtype) {
+  return pieces_of(counts, num, dtype_size(dtype)) * sizeof(Piece);
+}
+
+void fusion_pack_cuda(const void* const* srcs, const size_t* counts, size_t num, void* flat, DType dtype,
+                      void* host_table, void* table, Stream stream) {
+  run_ws(srcs, counts, num, flat, true, dtype, 1.0, host_table, table, stream);
+}
+
+void fusion_unpack_cuda(const void* flat, void* const* dsts, const size_t* counts, size_t num, DType dtype,
+                        double scale, void* host_table, void* table, Stream stream) {
+  fusion_check_scale(dtype, scale);
+  run_ws(const_cast<const void* const*>(dsts), counts, num, flat, false, dtype, scale, host_table, table, stream);
 }
 
 }  // namespace kernels

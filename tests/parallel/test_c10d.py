@@ -247,3 +247,33 @@ def test_all_reduce_product_of_half_types(gloo, dtype):
     # of [4, 8) each (as for the sums above)
     ulp = (2 ** -10 if dtype == torch.float16 else 2 ** -7) * 4
     same(x, ref, dtype, atol=dist.get_world_size() * ulp / 2 + F32_ATOL)
+
+
+# ---- real CUDA tensors (skipped without a GPU) -----------------------------------------------------
+
+from cuda_cases import needs_cuda, rank_device  # noqa: E402
+
+
+@needs_cuda
+def test_cuda_all_reduce_all_gather_scatter(gloo):
+    """The backend on CUDA tensors: results on the tensors' device, equal to gloo's on host copies,
+    and ordered on the caller's stream (used right after wait() on that stream)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    dev = rank_device()
+    for count in (1, 1001, 100003):
+        x = data(20, (count,))
+        mine, ref = x.to(dev), x.clone()
+        work = dist.all_reduce(mine, op=dist.ReduceOp.SUM, async_op=True)
+        dist.all_reduce(ref, op=dist.ReduceOp.SUM, group=gloo)
+        work.wait()
+        same(mine.cpu(), ref)
+        out = [torch.empty(count, device=dev) for _ in range(n)]
+        dist.all_gather(out, x.to(dev))
+        for q in range(n):
+            assert torch.equal(out[q].cpu(), data(20, (count,), rank=q))
+    for root in range(n):
+        s = torch.empty(5, dtype=torch.int32, device=dev)
+        src = [torch.full((5,), 10 * q + root, dtype=torch.int32, device=dev) for q in range(n)] if rank == root \
+            else None
+        dist.scatter(s, src, src=root)
+        assert torch.equal(s.cpu(), torch.full((5,), 10 * rank + root, dtype=torch.int32))

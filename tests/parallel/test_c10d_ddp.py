@@ -312,3 +312,27 @@ def test_ddp_trains_with_onebit(groups):
     # one site per DDP bucket, learned within the 16 steps
     fixed = [k for k in state["residuals"] if k[0] >= 0]
     assert state["period"] >= 1 and len(fixed) == state["period"], state
+
+
+# ---- real CUDA tensors (skipped without a GPU) -----------------------------------------------------
+
+from cuda_cases import needs_cuda, rank_device  # noqa: E402
+
+
+@needs_cuda
+def test_cuda_ddp_matches_gloo_on_cpu(gloo):
+    """DDP of a CUDA model over backend="pycomm" against DDP of the same CPU model over gloo."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dev = rank_device()
+    runs = {}
+    for name, device, group in (("pycomm", dev, None), ("gloo", torch.device("cpu"), gloo)):
+        m = DDP(model().to(device), device_ids=[dev.index] if device.type == "cuda" else None, process_group=group)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        for x, y in batches(6):
+            opt.zero_grad()
+            nn.functional.cross_entropy(m(x.to(device)), y.to(device)).backward()
+            opt.step()
+        runs[name] = torch.cat([p.detach().reshape(-1).cpu() for p in m.module.parameters()])
+    err = (runs["pycomm"] - runs["gloo"]).abs().max().item()
+    assert err <= 1e-4, f"CUDA DDP over pycomm differs from gloo on CPU by {err:.3g}"

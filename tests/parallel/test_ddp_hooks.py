@@ -193,3 +193,35 @@ def test_nan_gradient_is_reported_by_the_hook():
         x[0, 0] = float("nan")
     with pytest.raises(Exception, match=rf"rank {pycomm.size() - 1} passed a tensor with inf or NaN"):
         nn.functional.cross_entropy(model(x), y[:PER_RANK]).backward()
+
+
+# ---- real CUDA tensors (skipped without a GPU) -----------------------------------------------------
+
+from cuda_cases import needs_cuda, rank_device  # noqa: E402
+
+
+@needs_cuda
+@pytest.mark.parametrize("state_cls,hook,tol", [
+    # CUDA and CPU matmuls round differently: a bound 10x the CPU case's until one is measured.
+    (hooks.AllreduceState, hooks.allreduce_hook, 1e-4),
+    (hooks.FP16State, hooks.fp16_hook, 2e-3),
+])
+def test_cuda_hooks_match_single_process_training(state_cls, hook, tol):
+    """DDP of a CUDA model (over gloo) with pycomm's hooks on the CUDA buckets, against the same
+    training in one process on the CPU."""
+    dev = rank_device()
+    n, r = pycomm.size(), pycomm.rank()
+    model = DDP(make_model().to(dev), device_ids=[dev.index])
+    model.register_comm_hook(state_cls(), hook)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    steps = 6
+    for s in range(steps):
+        x, y = batch(s, n)
+        sl = slice(r * PER_RANK, (r + 1) * PER_RANK)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x[sl].to(dev)), y[sl].to(dev)).backward()
+        opt.step()
+    got, ref = flat_params(model.module).cpu(), flat_params(train_reference(steps))
+    err = (got - ref).abs().max().item()
+    assert err <= tol * ref.abs().max().item(), f"{state_cls.__name__} on CUDA: params off by {err:.3g}"
+    assert identical_on_all_ranks(got)

@@ -219,3 +219,27 @@ def test_fused_batch_above_the_cache_runs_chunk_by_chunk(dtype, op):
         assert pycomm.stats()["shm_segment_bytes"] < total * esize
     finally:
         pycomm.set_options(shm_chunk_bytes=old)
+
+
+# ---- real CUDA tensors (skipped without a GPU) -----------------------------------------------------
+
+from cuda_cases import needs_cuda, rank_device  # noqa: E402
+
+
+@needs_cuda
+def test_cuda_small_tensors_are_fused_and_correct():
+    """CUDA tensors fuse in the mover's device fusion buffer: one pack kernel, one allreduce, one
+    unpack with the average's 1/N fused in."""
+    rank, size = pycomm.rank(), pycomm.size()
+    dev = rank_device()
+    before = pycomm.stats()
+    counts = [1, 7, 64, 999, 3, 4097, 0, 12345] * 4
+    xs = [rank_data(rank, n, torch.float32, seed=140 + i).to(dev) for i, n in enumerate(counts)]
+    handles = [pycomm.allreduce_async(x, op="avg", name=f"cgrad.{i}") for i, x in enumerate(xs)]
+    for i, h in enumerate(handles):
+        assert_close(h.wait().cpu(), "avg", size, torch.float32, seed=140 + i, what=f"cgrad.{i}")
+    after = pycomm.stats()
+    assert after["operations"] - before["operations"] == len(counts)
+    if size > 1:
+        assert after["fused_tensors"] > before["fused_tensors"], "nothing was fused"
+        assert after["device_fusion_bytes"] > 0

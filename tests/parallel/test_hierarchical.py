@@ -363,3 +363,28 @@ def test_device_direct_hierarchical(algorithm, comm):
                 assert all(c == copies[0] for c in copies), f"{algorithm}: ranks hold different results"
     finally:
         pycomm.set_options(force_device_direct=False, ring_chunk_bytes=old["ring_chunk_bytes"])
+
+
+# ---- real CUDA tensors (skipped without a GPU) -----------------------------------------------------
+
+from cuda_cases import needs_cuda, rank_device  # noqa: E402
+
+
+@needs_cuda
+@pytest.mark.parametrize("algorithm", HIER + ["shm", "auto"])
+def test_cuda_allreduce_by_each_node_algorithm(algorithm):
+    """CUDA tensors through the node algorithms: without a CUDA-aware MPI each staged host chunk is
+    reduced by the named algorithm (shm only on one node)."""
+    topo = pycomm.topology()
+    if algorithm == "shm" and topo.num_nodes > 1:
+        pytest.skip("shm reduces within one node")
+    if algorithm.startswith("hierarchical") and not topo.homogeneous:
+        pytest.skip("nodes of different sizes")
+    rank, size = pycomm.rank(), pycomm.size()
+    dev = rank_device()
+    for count in (1, 1001, 250_003):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = rank_data(rank, count, dtype, seed=97).to(dev)
+            y = pycomm.allreduce(x, op="avg", algorithm=algorithm)
+            assert y.device == dev
+            assert_close(y.cpu(), "avg", size, dtype, seed=97, what=f"cuda {algorithm} {dtype} [{count}]")

@@ -209,3 +209,35 @@ def test_set_options_applies_behind_queued_operations_on_every_rank():
             assert pycomm.get_options()["ring_chunk_bytes"] == old["ring_chunk_bytes"]
     finally:
         pycomm.set_options(check_consistency=True, cycle_time_ms=old["cycle_time_ms"])
+
+
+# ---- real CUDA tensors (skipped without a GPU) -----------------------------------------------------
+
+from cuda_cases import needs_cuda, rank_device  # noqa: E402
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("op", ["min", "max"])
+def test_cuda_nan_min_max_and_exact_elsewhere(op, dtype, comm):
+    """The host rule on CUDA tensors: a NaN on any rank is NaN everywhere, every other element the
+    exact min/max (mpi4py's own, on the host copies), bitwise alike on every rank."""
+    rank, size = pycomm.rank(), pycomm.size()
+    x = rank_data(rank, 3001, dtype, seed=98)
+    if rank == 0:
+        x[5] = float("nan")
+    if rank == size - 1:
+        x[2999] = float("nan")
+    y = pycomm.allreduce(x.to(rank_device()), op=op).cpu()
+    from mpi4py import MPI
+
+    ref = np.empty(x.numel(), np.float64)
+    comm.Allreduce(np.nan_to_num(x.double().numpy(), nan=np.inf if op == "min" else -np.inf), ref,
+                   op=MPI.MIN if op == "min" else MPI.MAX)
+    got = y.double().numpy()
+    assert np.isnan(got[5]) and np.isnan(got[2999])
+    keep = np.ones(x.numel(), bool)
+    keep[[5, 2999]] = False
+    assert np.array_equal(got[keep], ref[keep])
+    copies = comm.allgather(y.view(torch.uint8).numpy().tobytes())
+    assert all(c == copies[0] for c in copies)

@@ -111,3 +111,107 @@ def test_device_direct_working_memory_is_cached():
         assert grown["device_cache_bytes"] >= 2 * first["device_cache_bytes"]
     finally:
         pycomm.set_options(force_device_direct=False, ring_chunk_bytes=old["ring_chunk_bytes"])
+
+
+# ---- real CUDA tensors (skipped without a GPU; the cases above are their host stand-ins) ------------
+
+from cuda_cases import needs_cuda, rank_device  # noqa: E402
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype,op", [(torch.float32, "sum"), (torch.float16, "avg"), (torch.int64, "max")])
+def test_cuda_allreduce_matches_reference(dtype, op, comm):
+    """CUDA tensors by the path `auto` takes on this MPI (staged without a CUDA-aware one), odd sizes
+    across several staging chunks; every rank bitwise alike; the caller's current device unchanged."""
+    rank, size = pycomm.rank(), pycomm.size()
+    dev = rank_device()
+    old = pycomm.get_options()
+    pycomm.set_options(staging_chunk_bytes=4096)
+    try:
+        before = torch.cuda.current_device()
+        for count in (1, 13, 50_001):
+            x = rank_data(rank, count, dtype, seed=95).to(dev)
+            y = pycomm.allreduce(x, op=op)
+            assert torch.cuda.current_device() == before
+            assert_close(y.cpu(), op, size, dtype, seed=95, what=f"cuda {op} {dtype} [{count}]")
+            copies = comm.allgather(y.cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+            assert all(c == copies[0] for c in copies)
+    finally:
+        pycomm.set_options(staging_chunk_bytes=old["staging_chunk_bytes"])
+
+
+@needs_cuda
+def test_forced_direct_cuda_refused():
+    """force_device_direct on CUDA tensors under an MPI that cannot read device memory: a CommError on
+    every rank before any data moves, and the engine goes on."""
+    if pycomm.size() == 1:
+        pytest.skip("one rank hands nothing to MPI")
+    from pycomm import _C
+
+    if _C.mpi_cuda_aware():
+        pytest.skip("this MPI reads device memory: the direct path runs")
+    rank, size = pycomm.rank(), pycomm.size()
+    x = rank_data(rank, 1001, torch.float32, seed=96).to(rank_device())
+    pycomm.set_options(force_device_direct=True)
+    try:
+        with pytest.raises(pycomm.CommError, match=r"force_device_direct.*cannot read device memory"):
+            pycomm.allreduce(x.clone())
+    finally:
+        pycomm.set_options(force_device_direct=False)
+    assert_close(pycomm.allreduce(x.clone()).cpu(), "sum", size, torch.float32, seed=96, what="after the refusal")
+
+
+@needs_cuda
+@pytest.mark.parametrize("collective", ["allgather", "alltoall"])
+def test_cuda_outputs_belong_to_the_callers_stream(collective, comm):
+    """The output pycomm allocates (on its engine thread) belongs to the stream that was current at the
+    call: dropped, its memory is handed out again on that stream (torch's caching allocator pools
+    blocks per stream; allocated with the engine thread's default stream current, it would not be)."""
+    rank, size = pycomm.rank(), pycomm.size()
+    dev = rank_device()
+    torch.cuda.set_device(dev)
+    side = torch.cuda.Stream(dev)
+    rows = 3 * size + 1
+    x = rank_data(rank, rows * 5, torch.float32, seed=99).reshape(rows, 5).to(dev)
+    with torch.cuda.stream(side):
+        if collective == "allgather":
+            y = pycomm.allgather(x)
+        else:
+            splits = [rows // size] * (size - 1) + [rows - (rows // size) * (size - 1)]
+            y = pycomm.alltoall(x, splits)
+        got = y.cpu()  # on `side`, after wait() ordered it on pycomm's done event
+        ptr, numel = y.data_ptr(), y.numel()
+        del y
+        again = torch.empty(numel, device=dev)  # same size, same stream: the same block
+        assert again.data_ptr() == ptr
+    side.synchronize()
+    if collective == "allgather":
+        expect = torch.cat([rank_data(q, rows * 5, torch.float32, seed=99).reshape(rows, 5) for q in range(size)])
+        assert torch.equal(got, expect)
+
+
+@needs_cuda
+def test_cuda_call_gives_the_callers_device_back():
+    """A blocking call on an idle engine runs on the caller's thread: on a tensor of another device
+    than the current one, pycomm's CUDA code sets its device and gives the caller's back."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices (a tensor off the current device)")
+    rank, size = pycomm.rank(), pycomm.size()
+    torch.cuda.set_device(0)
+    x = rank_data(rank, 10_001, torch.float32, seed=100).to("cuda:1")
+    y = pycomm.allreduce(x)
+    assert torch.cuda.current_device() == 0
+    assert_close(y.cpu(), "sum", size, torch.float32, seed=100, what="cuda:1 with cuda:0 current")
+
+
+@pytest.mark.parametrize("chunk", [4, 36, 1 << 20])
+def test_staged_broadcast_in_chunks(chunk, staging):
+    """force_staging: broadcasts go through the staging chunks as device memory does (the root copies
+    chunk k down while chunk k-1 is broadcast; the others copy each up), from every root."""
+    rank, size = pycomm.rank(), pycomm.size()
+    staging(chunk)
+    for root in range(size):
+        for count, dtype in ((1, torch.float32), (1001, torch.int64), (30_001, torch.bfloat16)):
+            x = rank_data(rank, count, dtype, seed=110 + root)
+            y = pycomm.broadcast(x.clone(), root=root)
+            assert torch.equal(y, rank_data(root, count, dtype, seed=110 + root)), (chunk, root, count, dtype)
