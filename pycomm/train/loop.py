@@ -33,7 +33,7 @@ from .. import algorithms
 from . import bandwidth, checkpoint
 from .cli import UsageError
 from .data import DataError, check_batch, epoch_shard, every_sample_shard, load_dataset, steps_per_epoch
-from .metrics import accuracy, epoch_line, fingerprint
+from .metrics import accuracy, epoch_line, fingerprint, mean_loss
 from .models import build_model
 from .optimizers import DEFAULT_LR, DEFAULT_MOMENTUM, SELF_REDUCING, build_optimizer, server_lr
 
@@ -53,8 +53,8 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-#: A first epoch whose mean training loss is at least this fraction of ln(classes) (the loss of a uniform
-#: guess) has not learned; pycomm-train then warns once.
+#: A model whose training loss after epoch 1 (metrics.mean_loss on the first 2048 training samples) is at
+#: least this fraction of ln(classes), the loss of a uniform guess, has not learned; pycomm-train warns once.
 CHANCE_FRACTION = 0.95
 
 
@@ -73,7 +73,8 @@ def chance_warning(train_loss: float, num_classes: int, args, lr: float) -> bool
                  "settle before it is frozen")
     else:
         cause = f"--lr {lr:g} too large for {opt} (or far too small)"
-    warnings.warn(f"pycomm-train: after epoch 1 the training loss is {train_loss:.3f}, at chance level for "
+    warnings.warn(f"pycomm-train: after epoch 1 the training loss is {train_loss:.3f} (the model at the end of "
+                  f"the epoch on up to 2048 training samples), at chance level for "
                   f"{num_classes} classes (ln {num_classes} = {chance:.3f}): the model is not learning. "
                   f"Likely cause: {cause}.", stacklevel=2)
     return True
@@ -313,8 +314,8 @@ def train(args) -> Dict[str, Any]:
         state["history"].append(rec)
         if show:
             log(epoch_line(rec, args.epochs))
-            if rec["epoch"] == 1:
-                chance_warning(rec["train_loss"], data.num_classes, args, lr)
+            if rec["epoch"] == 1:  # the model as epoch 1 leaves it (the epoch's mean loss includes its start)
+                chance_warning(mean_loss(algo.eval_model(), data.x_train, data.y_train), data.num_classes, args, lr)
         state["epoch"] += 1
         state["step_in_epoch"] = 0
         state["loss_sum"], state["loss_count"] = 0.0, 0
