@@ -249,6 +249,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         if getattr(args, "backward_passes_per_step", 1) != 1:
             p.error(f"--precision {args.precision} takes one backward pass per step; "
                     "--backward-passes-per-step does not apply")
+    elif args.optimizer == "lars" and getattr(args, "compression", "none") == "onebit":
+        # measured: 10.03% (chance) on digits at 4 ranks and pycomm-train's defaults (bench/matrix.py, docs/matrix.md)
+        p.error("--optimizer lars with --compression onebit does not train (measured: chance-level accuracy on "
+                "digits at pycomm-train's defaults, docs/matrix.md); use --compression fp16 or none with lars, or "
+                "--optimizer sgd or lamb with --compression onebit")
     elif args.optimizer in SELF_REDUCING and getattr(args, "compression", "none") != "none":
         p.error(f"--optimizer {args.optimizer} compresses its momentum itself; --compression {args.compression} "
                 "does not apply")

@@ -129,3 +129,11 @@ def test_digits_without_scikit_learn_names_the_extra(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a))
     with pytest.raises(DataError, match=r"pip install 'pycomm\[train\]'"):
         load_dataset("digits")
+
+
+def test_lars_with_onebit_compression_is_refused_at_start(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--optimizer", "lars", "--compression", "onebit"])
+    assert e.value.code == 2
+    assert ("--optimizer lars with --compression onebit does not train (measured: chance-level accuracy on digits "
+            "at pycomm-train's defaults, docs/matrix.md)") in capsys.readouterr().err
