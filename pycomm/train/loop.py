@@ -53,15 +53,22 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-#: A model whose training loss after epoch 1 (metrics.mean_loss on the first 2048 training samples) is at
-#: least this fraction of ln(classes), the loss of a uniform guess, has not learned; pycomm-train warns once.
+#: A model whose training loss after an epoch (metrics.mean_loss on the first 2048 training samples) is at
+#: least this fraction of ln(classes), the loss of a uniform guess (and whose accuracy is below twice a uniform
+#: guess's), is at chance level: still (after epoch 1) or again (it diverged later). pycomm-train warns once
+#: per run, at the first such epoch.
 CHANCE_FRACTION = 0.95
 
 
-def chance_warning(train_loss: float, num_classes: int, args, lr: float) -> bool:
-    """Warn (once per run: called after the first epoch) if the loss is still at chance level; True if it did."""
+def chance_warning(train_loss: float, train_accuracy: float, num_classes: int, args, lr: float,
+                   epoch: int = 1) -> bool:
+    """Warn if the model after `epoch` is at chance level; True if it did (the loop then stops asking).
+
+    At chance: loss not finite or >= CHANCE_FRACTION ln(classes), and training accuracy (percent) below twice a
+    uniform guess's. The accuracy test keeps quiet for averaged models (model_averaging, easgd, admm): their
+    logits are small after the first averages, so the loss sits near ln(classes) while the argmax is right."""
     chance = math.log(num_classes)
-    if math.isfinite(train_loss) and train_loss < CHANCE_FRACTION * chance:
+    if (math.isfinite(train_loss) and train_loss < CHANCE_FRACTION * chance) or train_accuracy >= 200.0 / num_classes:
         return False
     opt = args.optimizer
     if args.algorithm in algorithms.server_sgd():
@@ -73,9 +80,10 @@ def chance_warning(train_loss: float, num_classes: int, args, lr: float) -> bool
                  "settle before it is frozen")
     else:
         cause = f"--lr {lr:g} too large for {opt} (or far too small)"
-    warnings.warn(f"pycomm-train: after epoch 1 the training loss is {train_loss:.3f} (the model at the end of "
-                  f"the epoch on up to 2048 training samples), at chance level for "
-                  f"{num_classes} classes (ln {num_classes} = {chance:.3f}): the model is not learning. "
+    warnings.warn(f"pycomm-train: after epoch {epoch} the training loss is {train_loss:.3f} and the training "
+                  f"accuracy {train_accuracy:.1f}% (the model at the end of the epoch on up to 2048 training "
+                  f"samples), at chance level for {num_classes} classes (ln {num_classes} = {chance:.3f}, "
+                  f"{100.0 / num_classes:.0f}%): the model is not learning. "
                   f"Likely cause: {cause}.", stacklevel=2)
     return True
 
@@ -314,8 +322,12 @@ def train(args) -> Dict[str, Any]:
         state["history"].append(rec)
         if show:
             log(epoch_line(rec, args.epochs))
-            if rec["epoch"] == 1:  # the model as epoch 1 leaves it (the epoch's mean loss includes its start)
-                chance_warning(mean_loss(algo.eval_model(), data.x_train, data.y_train), data.num_classes, args, lr)
+            # the model as the epoch leaves it (an epoch's mean loss includes its start); warned once per run
+            if not state.get("chance_warned"):
+                m = algo.eval_model()
+                state["chance_warned"] = chance_warning(
+                    mean_loss(m, data.x_train, data.y_train), accuracy(m, data.x_train[:2048], data.y_train[:2048]),
+                    data.num_classes, args, lr, rec["epoch"])
         state["epoch"] += 1
         state["step_in_epoch"] = 0
         state["loss_sum"], state["loss_count"] = 0.0, 0

@@ -86,14 +86,19 @@ def _args(**kw):
 ])
 def test_chance_warning_names_the_cause(algo, opt, cause):
     chance = math.log(10)
-    for loss in (chance, 2.5, float("nan"), float("inf"), CHANCE_FRACTION * chance):
+    for loss, acc in ((chance, 10.0), (2.5, 0.0), (float("nan"), 9.9), (float("inf"), 19.9),
+                      (CHANCE_FRACTION * chance, 12.0)):
         with pytest.warns(UserWarning, match="at chance level for 10 classes") as rec:
-            assert chance_warning(loss, 10, _args(algorithm=algo, optimizer=opt), 0.05)
+            assert chance_warning(loss, acc, 10, _args(algorithm=algo, optimizer=opt), 0.05)
         assert len(rec) == 1 and cause in str(rec[0].message)
+    with pytest.warns(UserWarning, match="after epoch 3 the training loss is 2.400 and the training accuracy 11.0%"):
+        chance_warning(2.4, 11.0, 10, _args(algorithm=algo, optimizer=opt), 0.05, epoch=3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert not chance_warning(CHANCE_FRACTION * chance - 1e-6, 10, _args(algorithm=algo, optimizer=opt), 0.05)
-        assert not chance_warning(0.3, 10, _args(), 0.05)
+        args = _args(algorithm=algo, optimizer=opt)
+        assert not chance_warning(CHANCE_FRACTION * chance - 1e-6, 10.0, 10, args, 0.05)
+        assert not chance_warning(2.3, 20.0, 10, args, 0.05)  # small logits, right argmax: averaged models
+        assert not chance_warning(0.3, 95.0, 10, _args(), 0.05)
 
 
 def test_run_at_chance_warns_once(blobs):
@@ -102,7 +107,8 @@ def test_run_at_chance_warns_once(blobs):
         warnings.simplefilter("always")
         assert main(["--lr", "10000", "--dataset", blobs, "--epochs", "3", "--batch-size", "8", *FAST]) == 0
     msgs = [str(w.message) for w in rec if "at chance level" in str(w.message)]
-    assert len(msgs) == 1 and "--lr 10000 too large for sgd" in msgs[0], msgs
+    assert len(msgs) == 1 and "after epoch 1 the training loss is" in msgs[0], msgs
+    assert "--lr 10000 too large for sgd" in msgs[0], msgs
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a run that learns does not warn
         assert main(["--dataset", blobs, "--epochs", "1", "--batch-size", "8", *FAST]) == 0
