@@ -249,7 +249,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         if getattr(args, "backward_passes_per_step", 1) != 1:
             p.error(f"--precision {args.precision} takes one backward pass per step; "
                     "--backward-passes-per-step does not apply")
-    elif args.optimizer == "lars" and getattr(args, "compression", "none") == "onebit":
+    elif args.optimizer == "lars" and getattr(args, "compression", "none") == "onebit" \
+            and "compression" in algorithms.config_fields(args.algorithm):
         # measured: 10.03% (chance) on digits at 4 ranks and pycomm-train's defaults (bench/matrix.py, docs/matrix.md)
         p.error("--optimizer lars with --compression onebit does not train (measured: chance-level accuracy on "
                 "digits at pycomm-train's defaults, docs/matrix.md); use --compression fp16 or none with lars, or "
