@@ -80,6 +80,8 @@ def chance_warning(train_loss: float, train_accuracy: float, num_classes: int, a
                  "settle before it is frozen")
     else:
         cause = f"--lr {lr:g} too large for {opt} (or far too small)"
+        if args.algorithm != "ssgd":  # measured: model_averaging on digits is here after epoch 1, then learns
+            cause += f"; or {args.algorithm}'s averaged model has not caught up yet: see whether the next epochs learn"
     warnings.warn(f"pycomm-train: after epoch {epoch} the training loss is {train_loss:.3f} and the training "
                   f"accuracy {train_accuracy:.1f}% (the model at the end of the epoch on up to 2048 training "
                   f"samples), at chance level for {num_classes} classes (ln {num_classes} = {chance:.3f}, "
