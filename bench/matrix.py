@@ -19,7 +19,8 @@ failed). --max-runs / --max-minutes bound one invocation (run the matrix in chun
 Prints one table: rows algorithm/optimizer, columns precision/compression; a cell is the final test
 accuracy in percent, "refused [k]" (message k below the table), "FAILED" (exit status and the last
 error line in the results file), or "not run" (no result yet). Writes the same table to
-docs/matrix.md (--markdown). Accuracies below --threshold (85) are marked with "!".
+docs/matrix.md (--markdown). Accuracies below --threshold (85) are marked with "!", runs that printed
+pycomm-train's chance-level warning with "w".
 """
 from __future__ import annotations
 
@@ -200,7 +201,7 @@ def table(results: Dict[str, dict], threshold: float) -> str:
                 elif r["status"] == "ok":
                     low = r["accuracy"] < threshold
                     counts["below" if low else "ok"] += 1
-                    row.append(f"{r['accuracy']:.2f}" + (" !" if low else ""))
+                    row.append(f"{r['accuracy']:.2f}" + (" !" if low else "") + (" w" if r.get("chance_warning") else ""))
                 elif r["status"] == "refused":
                     counts["refused"] += 1
                     row.append(f"refused [{note(r['message'])}]")
@@ -208,6 +209,8 @@ def table(results: Dict[str, dict], threshold: float) -> str:
                     counts["failed"] += 1
                     row.append(f"FAILED ({r.get('returncode')})")
             lines.append(f"| {algo} | {opt} | " + " | ".join(row) + " |")
+    lines.append("")
+    lines.append("! below the target; w: the run printed pycomm-train's chance-level warning.")
     lines.append("")
     lines.append(f"Allowed and run: {counts['ok'] + counts['below']} ({counts['ok']} at >= {threshold:g}%, "
                  f"{counts['below']} below, marked !); failed: {counts['failed']}; refused at start: "
