@@ -54,8 +54,8 @@ def seed_everything(seed: int) -> None:
 
 
 #: A model whose training loss after an epoch (metrics.mean_loss on the first 2048 training samples) is at
-#: least this fraction of ln(classes), the loss of a uniform guess (and whose accuracy is below twice a uniform
-#: guess's), is at chance level: still (after epoch 1) or again (it diverged later). pycomm-train warns once
+#: least this fraction of ln(classes), the loss of a uniform guess (and whose accuracy is within a tenth of the
+#: way from a uniform guess's to 100%), is at chance level: still (after epoch 1) or again (it diverged later). pycomm-train warns once
 #: per run, at the first such epoch.
 CHANCE_FRACTION = 0.95
 
@@ -64,11 +64,14 @@ def chance_warning(train_loss: float, train_accuracy: float, num_classes: int, a
                    epoch: int = 1) -> bool:
     """Warn if the model after `epoch` is at chance level; True if it did (the loop then stops asking).
 
-    At chance: loss not finite or >= CHANCE_FRACTION ln(classes), and training accuracy (percent) below twice a
-    uniform guess's. The accuracy test keeps quiet for averaged models (model_averaging, easgd, admm): their
-    logits are small after the first averages, so the loss sits near ln(classes) while the argmax is right."""
+    At chance: loss not finite or >= CHANCE_FRACTION ln(classes), and training accuracy (percent) less than a
+    tenth of the way from a uniform guess's (100 / classes) to 100. The accuracy test keeps quiet for averaged
+    models: their logits are small after the first averages, so the loss sits near ln(classes) while the
+    argmax is right."""
     chance = math.log(num_classes)
-    if (math.isfinite(train_loss) and train_loss < CHANCE_FRACTION * chance) or train_accuracy >= 200.0 / num_classes:
+    guess = 100.0 / num_classes
+    if (math.isfinite(train_loss) and train_loss < CHANCE_FRACTION * chance) or \
+            train_accuracy >= guess + 0.1 * (100.0 - guess):
         return False
     opt = args.optimizer
     if args.algorithm in algorithms.server_sgd():

@@ -86,7 +86,7 @@ def _args(**kw):
 ])
 def test_chance_warning_names_the_cause(algo, opt, cause):
     chance = math.log(10)
-    for loss, acc in ((chance, 10.0), (2.5, 0.0), (float("nan"), 9.9), (float("inf"), 19.9),
+    for loss, acc in ((chance, 10.0), (2.5, 0.0), (float("nan"), 9.9), (float("inf"), 18.9),
                       (CHANCE_FRACTION * chance, 12.0)):
         with pytest.warns(UserWarning, match="at chance level for 10 classes") as rec:
             assert chance_warning(loss, acc, 10, _args(algorithm=algo, optimizer=opt), 0.05)
@@ -97,7 +97,8 @@ def test_chance_warning_names_the_cause(algo, opt, cause):
         warnings.simplefilter("error")
         args = _args(algorithm=algo, optimizer=opt)
         assert not chance_warning(CHANCE_FRACTION * chance - 1e-6, 10.0, 10, args, 0.05)
-        assert not chance_warning(2.3, 20.0, 10, args, 0.05)  # small logits, right argmax: averaged models
+        assert not chance_warning(2.3, 19.0, 10, args, 0.05)  # small logits, right argmax: averaged models
+        assert not chance_warning(1.05, 40.0, 3, args, 0.05)  # 3 classes: 33.3% + (100 - 33.3) / 10
         assert not chance_warning(0.3, 95.0, 10, _args(), 0.05)
 
 
