@@ -97,8 +97,9 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="pycomm-train",
-        description="Data-parallel training with pycomm's algorithms: synchronous (ssgd, model_averaging, bmuf, "
-                    "easgd, admm), through parameter servers (" + ", ".join(algorithms.server_sgd()) + ") and "
+        description="Data-parallel training with pycomm's algorithms: synchronous ("
+                    + ", ".join(n for n in algorithms.names() if n not in algorithms.server_sgd() and n != "hogwild")
+                    + "), through parameter servers (" + ", ".join(algorithms.server_sgd()) + ") and "
                     "lock-free on one node (hogwild). Launch under pycomm-run, e.g. "
                     "`pycomm-run -np 4 pycomm-train --algorithm ssgd --dataset digits --model mlp --epochs 5`.",
     )
