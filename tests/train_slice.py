@@ -1,4 +1,4 @@
-"""The CI slice of bench/matrix.py, run under mpirun by tests/test_train_defaults.py.
+"""The CI slice of bench/matrix.py, run under mpirun by tests/test_train_slice.py.
 
 Inside one job (start-up paid once) every rank runs pycomm-train's train() for
 every algorithm once (with the default optimizer, sgd) and every other optimizer
