@@ -19,7 +19,7 @@ from .easgd import EASGD, EASGDConfig
 from .hogwild import Hogwild, HogwildConfig
 from .hybrid import Hybrid, HybridConfig
 from .model_averaging import ModelAveraging, ModelAveragingConfig
-from .registry import ALGORITHMS, config_fields, create, get, make_config, names
+from .registry import ALGORITHMS, config_fields, create, get, make_config, names, server_sgd
 from .ssgd import SSGD, SSGDConfig
 from .ssp import SSP, SSPConfig
 
@@ -27,4 +27,4 @@ __all__ = ["ASGD", "ASGDConfig", "AdaDelay", "AdaDelayConfig", "DCASGD", "DCASGD
            "HogwildConfig", "Hybrid", "HybridConfig",
            "ADMM", "ADMMConfig", "ALGORITHMS", "Algorithm", "BMUF", "BMUFConfig", "EASGD", "EASGDConfig",
            "MOMENT_SYNC", "ModelAveraging", "ModelAveragingConfig", "SSGD", "SSGDConfig", "config_fields",
-           "create", "get", "make_config", "names"]
+           "create", "get", "make_config", "names", "server_sgd"]

@@ -16,6 +16,7 @@ from .easgd import EASGD
 from .hogwild import Hogwild
 from .hybrid import Hybrid
 from .model_averaging import ModelAveraging
+from .ps_algorithm import PSAlgorithm
 from .ssgd import SSGD
 from .ssp import SSP
 
@@ -25,6 +26,12 @@ ALGORITHMS: Dict[str, Type[Algorithm]] = {cls.name: cls for cls in (SSGD, ModelA
 
 def names() -> List[str]:
     return list(ALGORITHMS)
+
+
+def server_sgd() -> List[str]:
+    """The algorithms whose parameter servers apply every pushed gradient with SGD: the local optimizer
+    must be torch.optim.SGD, and its lr, momentum and weight decay become the servers' rule."""
+    return [n for n, c in ALGORITHMS.items() if issubclass(c, PSAlgorithm)]
 
 
 def get(name: str) -> Type[Algorithm]:

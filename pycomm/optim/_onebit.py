@@ -25,9 +25,13 @@ class OneBitBase(torch.optim.Optimizer):
     reduces_gradients = True
     _momentum_name = "onebit.exp_avg"
 
-    def __init__(self, params, defaults: dict, freeze_step: int, algorithm: str):
+    def __init__(self, params, defaults: dict, freeze_step: int, algorithm: str, variance_floor: float = 0.01):
         if not isinstance(freeze_step, int) or freeze_step < 0:
             raise ValueError(f"freeze_step must be a non-negative integer, got {freeze_step!r}")
+        if not 0 <= variance_floor <= 1:
+            raise ValueError(f"variance_floor must be in [0, 1], got {variance_floor!r}")
+        #: Frozen-variance floor as a fraction of each tensor's mean frozen variance (see frozen_variance).
+        self.variance_floor = float(variance_floor)
         topology()  # a clear error before pycomm.init()
         super().__init__(params, defaults)
         self.freeze_step = freeze_step
@@ -100,6 +104,30 @@ class OneBitBase(torch.optim.Optimizer):
         self.compressor.allreduce_async(flat, op="avg", name=self._momentum_name).wait()
         self.bytes_sent_compressed += self.compressor.wire_bytes(flat.numel(), size(), rank())
         self._unflatten_into(flat, momenta)
+
+    def frozen_variance(self, v: torch.Tensor) -> torch.Tensor:
+        """The frozen v the compression stage divides by: positive entries below variance_floor * mean(v)
+        are raised to it; 0 stays 0 (hold_dead keeps those elements still).
+
+        An element that was rarely non-zero in the warm-up has a tiny v; the 1-bit average gives it
+        +-scale of its chunk, and m / sqrt(v) then steps far beyond Adam's usual |m / sqrt(v)| <~ 1
+        (measured: digits at pycomm-train's defaults ends in inf without the floor;
+        docs/training-defaults.md)."""
+        if self.variance_floor == 0 or v.numel() == 0:
+            return v
+        floor = self.variance_floor * float(v.mean())
+        return torch.where(v > 0, v.clamp(min=floor), v)
+
+    @staticmethod
+    def hold_dead(m: torch.Tensor, v: torch.Tensor) -> None:
+        """m <- 0 where the frozen variance v is 0, in place.
+
+        v = 0 after the warm-up means every averaged gradient of that element was
+        exactly 0; the 1-bit average still gives it +-scale, and m / (sqrt(v) + eps)
+        would then step by scale / eps. Such elements stay where the warm-up left
+        them (docs/training-defaults.md); elements with v > 0 keep the 1-bit update.
+        """
+        m.masked_fill_(v == 0, 0.0)
 
     def state_dict(self) -> dict:
         sd = super().state_dict()

@@ -20,7 +20,12 @@ every rank updates its own momentum with its local gradient,
 m_k = b1 m + (1-b1) g_k, and m becomes the two-phase 1-bit compressed
 average of the m_k with worker and server error feedback (identical on every
 rank afterwards); then w <- w (1 - lr wd) - lr (m / c1) / (sqrt(v / c2') + eps)
-with c2' = 1 - b2^freeze_step. Only the momentum crosses the wire: about
+with c2' = 1 - b2^freeze_step. The compressed average spreads +-scale onto
+every element, so two guards apply to the frozen v (docs/training-defaults.md):
+where v is 0 (the gradient was exactly 0 at every warm-up step, e.g. the
+weights of an input that is always 0) m is held at 0, so w gets no Adam step
+instead of m / eps; positive v below variance_floor [0.01] times the tensor's
+mean v is raised to that floor (0 turns the floor off). Only the momentum crosses the wire: about
 1/32 of a float32 gradient allreduce per step (pycomm's onebit wire format).
 
 Checkpoints: ``state_dict()`` holds m, v, the step count and this rank's
@@ -39,19 +44,21 @@ from ._onebit import OneBitBase
 
 class OneBitAdam(OneBitBase):
     """1-bit Adam: lr, betas, eps, weight_decay (decoupled), freeze_step (warm-up steps of full-precision Adam),
-    bias_correction, algorithm (the warm-up allreduce's algorithm)."""
+    bias_correction, algorithm (the warm-up allreduce's algorithm), variance_floor (the frozen v's floor as a
+    fraction of each tensor's mean v)."""
 
     _momentum_name = "OneBitAdam.exp_avg"
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
-                 freeze_step: int = 100000, bias_correction: bool = True, algorithm: str = "auto"):
+                 freeze_step: int = 100000, bias_correction: bool = True, algorithm: str = "auto",
+                 variance_floor: float = 0.01):
         check_positive("lr", lr, allow_zero=False)
         check_betas(betas)
         check_positive("eps", eps)
         check_positive("weight_decay", weight_decay)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         bias_correction=bool(bias_correction))
-        super().__init__(params, defaults, freeze_step, algorithm)
+        super().__init__(params, defaults, freeze_step, algorithm, variance_floor)
 
     @property
     def frozen(self) -> bool:
@@ -87,6 +94,8 @@ class OneBitAdam(OneBitBase):
                 momenta.append(state["exp_avg"])
         if compress:
             self._average_momentum(momenta)
+            for _, p in params:  # elements never updated in the warm-up stay frozen (docs/training-defaults.md)
+                self.hold_dead(self.state[p]["exp_avg"], self.state[p]["exp_avg_sq"])
         for group, p in params:
             state = self.state[p]
             b1, b2 = group["betas"]
@@ -97,6 +106,7 @@ class OneBitAdam(OneBitBase):
             c2 = 1 - b2 ** tv if group["bias_correction"] else 1.0
             if wd != 0:
                 p.mul_(1 - lr * wd)
-            denom = (state["exp_avg_sq"].sqrt() / math.sqrt(c2)).add_(eps)
+            v = self.frozen_variance(state["exp_avg_sq"]) if compress else state["exp_avg_sq"]
+            denom = (v.sqrt() / math.sqrt(c2)).add_(eps)
             p.addcdiv_(state["exp_avg"], denom, value=-lr / c1)
         return loss

@@ -26,6 +26,12 @@ similar magnitude. Then per step:
     f clamped to [factor_min, factor_max] and to last_f (1 -/+ factor_threshold)
     w <- w - lr c_frozen f u
 
+Where the frozen v is 0 (every warm-up gradient of that element was 0), m is
+held at 0 after the average, so the element gets no step and u stays finite
+(OneBitBase.hold_dead); positive v below variance_floor [0.01] times the
+tensor's mean v is raised to that floor wherever v divides
+(OneBitBase.frozen_variance; docs/training-defaults.md).
+
 Simplifications against DeepSpeed: no bias correction (DeepSpeed accepts
 the flag and ignores it; so does this class: bias_correction is not offered),
 no exp_avg_mask, and the residuals are restored from the checkpoint
@@ -44,14 +50,15 @@ from ._onebit import OneBitBase
 class OneBitLAMB(OneBitBase):
     """1-bit LAMB: lr, betas, eps, weight_decay, freeze_step, max_coeff/min_coeff (trust ratio clamp),
     coeff_beta (EMA of the warm-up trust ratios), factor_max/factor_min/factor_threshold (the
-    compression-stage correction), algorithm (warm-up allreduce)."""
+    compression-stage correction), algorithm (warm-up allreduce), variance_floor (the frozen v's floor as a
+    fraction of each tensor's mean v)."""
 
     _momentum_name = "OneBitLAMB.exp_avg"
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  freeze_step: int = 100000, max_coeff: float = 10.0, min_coeff: float = 0.01,
                  coeff_beta: float = 0.9, factor_max: float = 4.0, factor_min: float = 0.5,
-                 factor_threshold: float = 0.1, algorithm: str = "auto"):
+                 factor_threshold: float = 0.1, algorithm: str = "auto", variance_floor: float = 0.01):
         check_positive("lr", lr, allow_zero=False)
         check_betas(betas)
         check_positive("eps", eps)
@@ -67,7 +74,7 @@ class OneBitLAMB(OneBitBase):
                         min_coeff=min_coeff)
         self.coeff_beta, self.factor_max, self.factor_min = coeff_beta, factor_max, factor_min
         self.factor_threshold = factor_threshold
-        super().__init__(params, defaults, freeze_step, algorithm)
+        super().__init__(params, defaults, freeze_step, algorithm, variance_floor)
         #: The trust ratios (coefficients) of the last step, one per tensor, in parameter order.
         self.lamb_coeffs = []
 
@@ -154,9 +161,10 @@ class OneBitLAMB(OneBitBase):
             b1, b2 = group["betas"]
             lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
             m = st["exp_avg"].div_(float(st["scaling_coeff"]))
+            self.hold_dead(m, st["exp_avg_sq"])  # frozen v = 0: no step there (see OneBitBase.hold_dead)
             g_rec = (m - m_old * b1) / (1 - b1)
             st["exp_avg_sq_fresh"].mul_(b2).addcmul_(g_rec, g_rec, value=1 - b2)
-            denom = st["exp_avg_sq"].sqrt() + eps
+            denom = self.frozen_variance(st["exp_avg_sq"]).sqrt() + eps
             prelim = m / denom
             u = prelim + p * wd if wd > 0 else prelim
             factor = float((denom / (st["exp_avg_sq_fresh"].sqrt() + eps)).max())

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence
 from .. import algorithms
 from ..algorithms.bmuf import MOMENT_SYNC
 from .models import MODELS
-from .optimizers import OPTIMIZERS, SELF_REDUCING
+from .optimizers import DEFAULT_LR, DEFAULT_MOMENTUM, OPTIMIZERS, SELF_REDUCING
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 
@@ -97,17 +97,30 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="pycomm-train",
-        description="Data-parallel training with pycomm's synchronous algorithms. Launch under pycomm-run, e.g. "
+        description="Data-parallel training with pycomm's algorithms: synchronous ("
+                    + ", ".join(n for n in algorithms.names() if n not in algorithms.server_sgd() and n != "hogwild")
+                    + "), through parameter servers (" + ", ".join(algorithms.server_sgd()) + ") and "
+                    "lock-free on one node (hogwild). Launch under pycomm-run, e.g. "
                     "`pycomm-run -np 4 pycomm-train --algorithm ssgd --dataset digits --model mlp --epochs 5`.",
     )
+    ps = ", ".join(algorithms.server_sgd())
     g = p.add_argument_group("training")
     g.add_argument("--algorithm", default="ssgd", help=f"one of {', '.join(algorithms.names())} (default ssgd)")
-    g.add_argument("--optimizer", default="sgd", help=f"local optimizer, one of {', '.join(OPTIMIZERS)} (default sgd)")
-    g.add_argument("--lr", type=float, default=None, help="learning rate (default per optimizer: sgd 0.05, "
-                                                          "adam/radam/rmsprop 0.001, adagrad 0.05, adadelta 1.0)")
-    g.add_argument("--momentum", type=float, default=None, help="sgd/rmsprop momentum (default sgd 0.9, rmsprop 0)")
-    g.add_argument("--sgd-nesterov", action="store_true", help="Nesterov momentum in the local SGD")
-    g.add_argument("--weight-decay", type=float, default=0.0)
+    g.add_argument("--optimizer", default="sgd", help=f"local optimizer, one of {', '.join(OPTIMIZERS)} (default "
+                                                      f"sgd; {ps}: sgd only, their servers apply it)")
+    g.add_argument("--lr", type=float, default=None,
+                   help="learning rate, used exactly as given (default per optimizer: "
+                        + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_LR.items())
+                        + f"; {ps}: the servers' lr, default sgd's {DEFAULT_LR['sgd']:g} divided by the number of "
+                          "workers that push, see docs/training-defaults.md)")
+    g.add_argument("--momentum", type=float, default=None,
+                   help="momentum of " + "/".join(DEFAULT_MOMENTUM) + " (default "
+                        + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_MOMENTUM.items()) + f"; {ps}: the servers' "
+                        "momentum)")
+    g.add_argument("--sgd-nesterov", action="store_true",
+                   help=f"Nesterov momentum in the local SGD (not {ps}: their servers apply plain momentum)")
+    g.add_argument("--weight-decay", type=float, default=0.0,
+                   help=f"weight decay of the optimizer (default 0; {ps}: the servers' weight decay)")
     g.add_argument("--freeze-step", type=int, default=None,
                    help="onebit_adam/onebit_lamb: warm-up steps with full-precision reduction before the variance "
                         "is frozen and the momentum is 1-bit compressed (default: 15%% of the run's steps)")
@@ -123,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(pycomm.join) and is counted out of the others' gradient average "
                         "(--algorithm ssgd, sgd-style local optimizers, --compression none, fp32). Default: every "
                         "rank takes samples // ranks and the remainder is left out")
-    g.add_argument("--dataset", default="digits", help="digits | synthetic | npz:PATH (default digits)")
+    g.add_argument("--dataset", default="digits",
+                   help="digits | synthetic | synthetic-large | npz:PATH (default digits; digits needs "
+                        "pip install 'pycomm[train]')")
     g.add_argument("--model", default="mlp", help=f"one of {', '.join(MODELS)} (default mlp)")
 
     a = p.add_argument_group("algorithm options (each belongs to the algorithms named)")
@@ -210,6 +225,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         p.error("--resume needs --checkpoint-dir")
     if args.checkpoint_every < 0:
         p.error("--checkpoint-every must be >= 0")
+    if args.algorithm in algorithms.server_sgd():
+        if args.optimizer != "sgd":
+            p.error(f"--algorithm {args.algorithm}: the parameter servers apply SGD (the sgd optimizer's lr, "
+                    f"momentum and weight decay are their rule); --optimizer {args.optimizer} does not apply, "
+                    "use --optimizer sgd")
+        if args.sgd_nesterov:
+            p.error(f"--algorithm {args.algorithm}: the parameter servers apply plain momentum; "
+                    "--sgd-nesterov does not apply")
     if args.optimizer in SELF_REDUCING and args.algorithm != "ssgd":
         p.error(f"--optimizer {args.optimizer} is the whole data-parallel step (it averages gradients, then "
                 f"1-bit compressed momenta, itself); use it with --algorithm ssgd, not {args.algorithm}")
@@ -227,6 +250,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         if getattr(args, "backward_passes_per_step", 1) != 1:
             p.error(f"--precision {args.precision} takes one backward pass per step; "
                     "--backward-passes-per-step does not apply")
+    elif args.optimizer == "lars" and getattr(args, "compression", "none") == "onebit" \
+            and "compression" in algorithms.config_fields(args.algorithm):
+        # measured: 10.03% (chance) on digits at 4 ranks and pycomm-train's defaults (bench/matrix.py, docs/matrix.md)
+        p.error("--optimizer lars with --compression onebit does not train (measured: chance-level accuracy on "
+                "digits at pycomm-train's defaults, docs/matrix.md); use --compression fp16 or none with lars, or "
+                "--optimizer sgd or lamb with --compression onebit")
     elif args.optimizer in SELF_REDUCING and getattr(args, "compression", "none") != "none":
         p.error(f"--optimizer {args.optimizer} compresses its momentum itself; --compression {args.compression} "
                 "does not apply")

@@ -49,7 +49,8 @@ def _digits_array() -> np.ndarray:
 
     spec = importlib.util.find_spec("sklearn")
     if spec is None or not spec.submodule_search_locations:
-        raise DataError("--dataset digits needs scikit-learn (pip install scikit-learn), which bundles it")
+        raise DataError("--dataset digits needs scikit-learn, which bundles it: pip install 'pycomm[train]' "
+                        "(or pip install scikit-learn); --dataset synthetic needs nothing more")
     for root in spec.submodule_search_locations:
         path = os.path.join(root, "datasets", "data", "digits.csv.gz")
         if os.path.isfile(path):

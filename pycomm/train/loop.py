@@ -15,6 +15,7 @@ and the metrics and the summary come from them.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import sys
@@ -32,9 +33,9 @@ from .. import algorithms
 from . import bandwidth, checkpoint
 from .cli import UsageError
 from .data import DataError, check_batch, epoch_shard, every_sample_shard, load_dataset, steps_per_epoch
-from .metrics import accuracy, epoch_line, fingerprint
+from .metrics import accuracy, epoch_line, fingerprint, mean_loss
 from .models import build_model
-from .optimizers import SELF_REDUCING, build_optimizer
+from .optimizers import DEFAULT_LR, DEFAULT_MOMENTUM, SELF_REDUCING, build_optimizer, server_lr
 
 CRASH_STATUS = 75
 # The algorithms that run on pycomm.ps's ParameterServer with its placement from PYCOMM_PS_SERVERS.
@@ -50,6 +51,46 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+#: A model whose training loss after an epoch (metrics.mean_loss on the first 2048 training samples) is at
+#: least this fraction of ln(classes), the loss of a uniform guess (and whose accuracy is within a tenth of the
+#: way from a uniform guess's to 100%), is at chance level: still (after epoch 1) or again (it diverged later). pycomm-train warns once
+#: per run, at the first such epoch.
+CHANCE_FRACTION = 0.95
+
+
+def chance_warning(train_loss: float, train_accuracy: float, num_classes: int, args, lr: float,
+                   epoch: int = 1) -> bool:
+    """Warn if the model after `epoch` is at chance level; True if it did (the loop then stops asking).
+
+    At chance: loss not finite or >= CHANCE_FRACTION ln(classes), and training accuracy (percent) less than a
+    tenth of the way from a uniform guess's (100 / classes) to 100. The accuracy test keeps quiet for averaged
+    models: their logits are small after the first averages, so the loss sits near ln(classes) while the
+    argmax is right."""
+    chance = math.log(num_classes)
+    guess = 100.0 / num_classes
+    if (math.isfinite(train_loss) and train_loss < CHANCE_FRACTION * chance) or \
+            train_accuracy >= guess + 0.1 * (100.0 - guess):
+        return False
+    opt = args.optimizer
+    if args.algorithm in algorithms.server_sgd():
+        cause = (f"the servers apply every worker's gradient with lr {lr:g} as it arrives, so N pushing workers "
+                 "take N steps of that lr on stale weights; lower --lr (without --lr pycomm-train uses "
+                 "sgd's lr / N) or --momentum")
+    elif opt in SELF_REDUCING:
+        cause = (f"--lr {lr:g} too large for {opt}, or a warm-up (--freeze-step) too short for the variance to "
+                 "settle before it is frozen")
+    else:
+        cause = f"--lr {lr:g} too large for {opt} (or far too small)"
+        if args.algorithm != "ssgd":  # measured: model_averaging on digits is here after epoch 1, then learns
+            cause += f"; or {args.algorithm}'s averaged model has not caught up yet: see whether the next epochs learn"
+    warnings.warn(f"pycomm-train: after epoch {epoch} the training loss is {train_loss:.3f} and the training "
+                  f"accuracy {train_accuracy:.1f}% (the model at the end of the epoch on up to 2048 training "
+                  f"samples), at chance level for {num_classes} classes (ln {num_classes} = {chance:.3f}, "
+                  f"{100.0 / num_classes:.0f}%): the model is not learning. "
+                  f"Likely cause: {cause}.", stacklevel=2)
+    return True
 
 
 def _run_identity(args) -> Dict[str, Any]:
@@ -108,14 +149,35 @@ def train(args) -> Dict[str, Any]:
         freeze_step = max(1, (15 * total_steps) // 100)
     precision = getattr(args, "precision", "fp32")
 
+    # Parameter-server algorithms: the servers apply each pushing worker's gradient with the lr (see
+    # optimizers.server_lr); without --lr it is sgd's lr / pushers, with --lr exactly the lr given.
+    server_note = None
+    lr = args.lr
+    if args.algorithm in algorithms.server_sgd():
+        pushers = workers
+        if args.algorithm == "hybrid":  # one pusher per synchronous group
+            from ..runtime import topology
+
+            pushers = world // (args.algorithm_config.get("group_size") or topology().local_size)
+        if lr is None:
+            lr = server_lr(pushers)
+            how = f"lr {lr:g} (default: sgd's {DEFAULT_LR['sgd']:g} / {pushers} pushing worker(s))"
+        else:
+            how = (f"lr {lr:g} as given (each of the {pushers} pushing worker(s)' gradients is applied in full: "
+                   f"{pushers}x the step of SSGD at that lr)" if pushers > 1 else f"lr {lr:g} as given")
+        mom = DEFAULT_MOMENTUM["sgd"] if args.momentum is None else args.momentum
+        server_note = (f"pycomm-train: {args.algorithm}: the servers apply every pushed gradient as it arrives, "
+                       f"SGD with {how}, momentum {mom:g}, weight decay {args.weight_decay:g}")
+
     seed_everything(args.seed)
     model = build_model(args.model, data.input_shape, data.num_classes)
     try:
-        local_opt = build_optimizer(args.optimizer, model.parameters(), lr=args.lr, momentum=args.momentum,
+        local_opt = build_optimizer(args.optimizer, model.parameters(), lr=lr, momentum=args.momentum,
                                     sgd_nesterov=args.sgd_nesterov, weight_decay=args.weight_decay,
                                     freeze_step=freeze_step)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    lr = float(local_opt.param_groups[0]["lr"])  # the default filled in, or --lr exactly
     if precision != "fp32":
         from .precision import MixedPrecisionSSGD
 
@@ -198,6 +260,8 @@ def train(args) -> Dict[str, Any]:
             + (f", {precision} model with float32 master weights" if precision != "fp32" else "") + ", "
             f"{args.model} on {data.name} ({n_train} train / {len(data.y_test)} test samples), "
             f"batch {args.batch_size} per rank, {spe} steps per epoch")
+        if server_note:
+            log(server_note)
     else:
         log(f"pycomm-train: resumed at epoch {state['epoch'] + 1}, step {state['step_in_epoch']} of {spe} "
             f"(global step {state['global_step']})")
@@ -263,6 +327,12 @@ def train(args) -> Dict[str, Any]:
         state["history"].append(rec)
         if show:
             log(epoch_line(rec, args.epochs))
+            # the model as the epoch leaves it (an epoch's mean loss includes its start); warned once per run
+            if not state.get("chance_warned"):
+                m = algo.eval_model()
+                state["chance_warned"] = chance_warning(
+                    mean_loss(m, data.x_train, data.y_train), accuracy(m, data.x_train[:2048], data.y_train[:2048]),
+                    data.num_classes, args, lr, rec["epoch"])
         state["epoch"] += 1
         state["step_in_epoch"] = 0
         state["loss_sum"], state["loss_count"] = 0.0, 0
@@ -285,6 +355,7 @@ def train(args) -> Dict[str, Any]:
         "model_sha256": fingerprint(final.parameters()),
     }
     summary["precision"] = precision
+    summary["lr"] = lr
     if args.optimizer in SELF_REDUCING:
         summary["freeze_step"] = freeze_step
     if precision != "fp32":

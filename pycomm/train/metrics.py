@@ -18,6 +18,15 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: in
     return 100.0 * correct / max(1, x.shape[0])
 
 
+@torch.no_grad()
+def mean_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, limit: int = 2048) -> float:
+    """Mean cross-entropy of `model` on the first `limit` samples of (x, y)."""
+    model.eval()
+    out = model(x[:limit]).float()
+    model.train()
+    return float(torch.nn.functional.cross_entropy(out, y[:limit]))
+
+
 def fingerprint(tensors: Iterable[torch.Tensor]) -> str:
     """sha256 of the tensors' bytes: equal fingerprints mean bitwise-equal models."""
     h = hashlib.sha256()

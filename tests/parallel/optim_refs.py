@@ -76,6 +76,14 @@ def split(flat, shapes):
     return out
 
 
+def floored(v, fraction=0.01):
+    """The frozen variance the compression stage divides by: positive entries below fraction * mean(v) raised to
+    it, zeros kept (the optimizers' variance_floor; the mean in float64)."""
+    v = np.asarray(v)
+    floor = fraction * float(np.mean(v.astype(np.float64)))
+    return np.where(v > 0, np.maximum(v, floor), v).astype(v.dtype)
+
+
 def onebit_adam_step(w, m, v, local_grads, worker_res, server_res, t, freeze_step, hp):
     """One step of 1-bit Adam for flat float32 arrays (all tensors concatenated).
 
@@ -96,11 +104,14 @@ def onebit_adam_step(w, m, v, local_grads, worker_res, server_res, t, freeze_ste
             m, worker_res, server_res, _ = compression_ref.two_phase(ms, worker_res, server_res, average=True)
         else:
             m = ms[0]
+        m = np.where(v == 0, F32(0), m).astype(F32)  # never-updated elements (frozen v = 0) take no step
         tv = freeze_step
     c1 = 1 - b1 ** t if hp["bias_correction"] else 1.0
     c2 = 1 - b2 ** tv if hp["bias_correction"] else 1.0
     w = w.astype(np.float64) * (1 - lr * wd)
-    w = (w - lr * (m.astype(np.float64) / c1) / (np.sqrt(v.astype(np.float64) / c2) + eps)).astype(F32)
+    vd = v if t <= freeze_step else np.concatenate([floored(x).reshape(-1) for x in split(v, hp["shapes"])]) \
+        if "shapes" in hp else floored(v)
+    w = (w - lr * (m.astype(np.float64) / c1) / (np.sqrt(vd.astype(np.float64) / c2) + eps)).astype(F32)
     return w, m, v, worker_res, server_res
 
 
@@ -145,10 +156,11 @@ def onebit_lamb_step(ws, ms, vs, vfs, cfs, lfs, scs, local_grads, worker_res, se
     else:
         flat = per_rank[0]
     ms = [m / scs[i] for i, m in enumerate(split(flat.astype(np.float64), [m.shape for m in ms]))]
+    ms = [np.where(vs[i] == 0, 0.0, m) for i, m in enumerate(ms)]  # frozen v = 0: no step
     for i in range(T):
         g_rec = (ms[i] - b1 * m_old[i]) / (1 - b1)
         vfs[i] = b2 * vfs[i] + (1 - b2) * g_rec * g_rec
-        denom = np.sqrt(vs[i]) + eps
+        denom = np.sqrt(floored(vs[i])) + eps
         prelim = ms[i] / denom
         u = prelim + wd * ws[i]
         f = float(np.max(denom / (np.sqrt(vfs[i]) + eps)))

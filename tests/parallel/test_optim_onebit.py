@@ -22,6 +22,7 @@ from pycomm.optim import OneBitAdam, OneBitLAMB
 from optim_refs import measured, onebit_adam_step, onebit_lamb_step
 
 PER_RANK = 6
+DEAD = 3  # inputs 0..2 are always 0: their first-layer weights never get a gradient (frozen v = 0)
 
 
 def make_model():
@@ -31,7 +32,9 @@ def make_model():
 
 def batch(step, n):
     rng = np.random.default_rng([23, step, n])
-    x = torch.from_numpy(rng.normal(size=(n * PER_RANK, 9)).astype(np.float32))
+    x = rng.normal(size=(n * PER_RANK, 9)).astype(np.float32)
+    x[:, :DEAD] = 0.0
+    x = torch.from_numpy(x)
     y = torch.from_numpy(rng.integers(0, 3, size=n * PER_RANK))
     return x, y
 
@@ -90,7 +93,8 @@ def test_onebit_adam_matches_numpy_model(comm, bias_correction):
     n, r = pycomm.size(), pycomm.rank()
     model = make_model()
     params = list(model.parameters())
-    hp = dict(b1=0.9, b2=0.999, eps=1e-8, lr=0.01, wd=0.01, bias_correction=bias_correction)
+    hp = dict(b1=0.9, b2=0.999, eps=1e-8, lr=0.01, wd=0.01, bias_correction=bias_correction,
+              shapes=[tuple(p.shape) for p in params])  # the variance floor is per tensor
     freeze = 4
     opt = OneBitAdam(params, lr=hp["lr"], betas=(hp["b1"], hp["b2"]), eps=hp["eps"], weight_decay=hp["wd"],
                      freeze_step=freeze, bias_correction=bias_correction)
@@ -182,6 +186,38 @@ def test_onebit_lamb_matches_numpy_model(comm):
 
 
 @pytest.mark.parametrize("cls", [OneBitAdam, OneBitLAMB])
+def test_dead_inputs_take_no_step(cls):
+    """Weights of always-zero inputs have v = 0 at the freeze. The 1-bit average spreads +-scale onto
+    them (the worker residual there is non-zero at N > 1); without the rule the step would be
+    lr * scale / eps. They must stay exactly at their initial values, everything stays finite, and
+    the live weights keep training."""
+    n, r = pycomm.size(), pycomm.rank()
+    model = make_model()
+    first = model[0].weight
+    w0 = first.detach().clone()
+    opt = cls(model.parameters(), lr=0.01, freeze_step=4)
+    for t in range(40):
+        local_backward(model, t)
+        opt.step()
+    assert all(torch.isfinite(p).all() for p in model.parameters()), f"rank {r}: {cls.__name__} blew up"
+    v = opt.state[first]["exp_avg_sq"]
+    assert torch.equal(v[:, :DEAD], torch.zeros_like(v[:, :DEAD])) and bool((v[:, DEAD:] > 0).all())
+    assert torch.equal(first.detach()[:, :DEAD], w0[:, :DEAD]), f"rank {r}: dead-input weights moved"
+    assert torch.equal(opt.state[first]["exp_avg"][:, :DEAD], torch.zeros_like(v[:, :DEAD]))
+    assert float((first.detach()[:, DEAD:] - w0[:, DEAD:]).abs().min()) > 0, "live weights did not train"
+    # the floor: positive v below 1% of the tensor's mean v is raised to it, zeros stay (numpy in float64)
+    vf = opt.frozen_variance(v).double().numpy()
+    vn = v.double().numpy()
+    floor = 0.01 * vn.mean()
+    assert np.allclose(vf, np.where(vn > 0, np.maximum(vn, floor), 0.0), rtol=1e-6, atol=0)
+    tiny = torch.tensor([0.0, 1e-12, 1.0, 3.0])
+    assert torch.allclose(opt.frozen_variance(tiny), torch.tensor([0.0, 0.01, 1.0, 3.0]))
+    if n > 1:
+        we = opt.compressor.residuals(cls._momentum_name)[0][:first.numel()].view_as(first)
+        assert float(we[:, :DEAD].abs().max()) > 0, "the compressed average did not reach the dead elements"
+
+
+@pytest.mark.parametrize("cls", [OneBitAdam, OneBitLAMB])
 def test_resume_is_bitwise(cls):
     """Save in the compression stage (residuals non-zero), continue; a fresh optimizer loaded from the
     checkpoint continues bitwise identically."""
@@ -223,5 +259,7 @@ def test_bad_arguments():
         OneBitAdam(model.parameters(), freeze_step=-1)
     with pytest.raises(TypeError, match="the compressed allreduce takes float32 CPU tensors"):
         OneBitAdam(make_model().double().parameters())
+    with pytest.raises(ValueError, match="variance_floor must be in"):
+        OneBitAdam(model.parameters(), variance_floor=-0.1)
     with pytest.raises(ValueError, match="need 0 < min_coeff <= max_coeff"):
         OneBitLAMB(model.parameters(), min_coeff=0.0)
