@@ -58,8 +58,8 @@ def check_compression(compression):
     """Return `compression` if pycomm supports it, else raise ValueError listing the choices."""
     if isinstance(compression, _compression.Compressor):
         return compression
-    if not isinstance(compression, str) or compression not in _compression.names():
-        raise ValueError(f"unknown compression {compression!r}; supported: {', '.join(_compression.names())}")
+    if not _compression.known(compression):
+        raise ValueError(f"unknown compression {compression!r}; supported: {_compression._choices()}")
     return compression
 
 
@@ -197,6 +197,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if current:
             self._buckets.append(_Bucket(len(self._buckets), current))
         self._bucket_of: Dict[int, _Bucket] = {id(p): b for b in self._buckets for p in b.params}
+        for b in self._buckets:  # per-tensor compressors (powersgd) need the shapes inside a bucket
+            if self._compressed(b):
+                self.compressor.set_layout(f"DistributedOptimizer.bucket{b.index}", [tuple(p.shape) for p in b.params])
         self._passes: Dict[int, int] = {id(p): 0 for p in trainable}
         self._next_to_start = 0
         # True from synchronize() until the next gradient arrives or step()/zero_grad() ends the
@@ -279,7 +282,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # A CUDA bucket is compressed on its device (the engine's device paths): only the
             # compressed bytes leave the GPU.
             b.handle = self.compressor.allreduce_async(b.buffer, op=self.op, name=name)
-            self.bytes_sent += self.compressor.wire_bytes(b.numel, size(), rank())
+            self.bytes_sent += self.compressor.wire_bytes_named(name, b.numel, size(), rank())
         else:
             b.handle = collectives.allreduce_async(b.buffer, op=self.op, algorithm=self.algorithm, name=name)
             self.bytes_sent += ring_bytes_sent(nbytes, size())
