@@ -38,6 +38,12 @@ after the pre-division) is *reported, not spread*: every rank raises
 ``pycomm.CommError`` naming the offending ranks, and neither the output nor
 any residual is changed.
 
+More compressors live in pycomm/compressors/, one file each, registered here:
+``powersgd`` (rank r low-rank with warm start and error feedback), ``topk``
+and ``threshold`` (sparsification with error feedback, exchanged as (index,
+value) pairs); a parameter follows the name: ``"powersgd:2"``,
+``"topk:0.01"``, ``"threshold:0.005"`` (docs/seeds-methods.md).
+
 A new compressor plugs in without touching the engine: subclass
 :class:`Compressor`, implement ``compress``/``decompress`` (the generic path
 allgathers the compressed payloads and reduces the decompressed tensors in

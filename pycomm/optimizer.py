@@ -92,8 +92,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     named_parameters: (name, parameter) pairs, e.g. ``model.named_parameters()``;
         names appear in error messages. Default: the optimizer's parameters,
         named by position. Every parameter the optimizer updates must be listed.
-    compression: one of SUPPORTED_COMPRESSION (none, fp16, bf16, onebit) or a
-        pycomm.compression.Compressor. The optimizer gets its own compressor
+    compression: one of SUPPORTED_COMPRESSION (none, fp16, bf16, onebit), a
+        registered name such as "powersgd:2", "topk:0.01" or "threshold:0.005"
+        (docs/seeds-methods.md), or a pycomm.compression.Compressor. The optimizer gets its own compressor
         (for onebit: its own error-feedback residuals, one pair per bucket,
         saved in ``state_dict()`` under "pycomm_compression", per rank).
         Compression applies to float32 buckets (a CUDA bucket compressed on

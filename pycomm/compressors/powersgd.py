@@ -105,6 +105,7 @@ class PowerSGD(Compressor):
         self._layouts: Dict[str, Tuple[Tuple[int, ...], ...]] = {}
         self._states: Dict[str, _State] = {}
         self._pending: Dict[str, "_Handle"] = {}
+        self._last_pieces: Dict[str, List[_Piece]] = {}
         self._lock = threading.Lock()
         self.layout_resets = 0
 
@@ -237,9 +238,12 @@ class PowerSGD(Compressor):
         return int(_C.ring_wire_bytes(numel, 4, world_size, rank)) if numel else 0
 
     def wire_bytes_named(self, name: Optional[str], numel: int, world_size: int, rank: int = 0) -> int:
-        if not name or name not in self._layouts:
-            return self.wire_bytes(numel, world_size, rank)
-        return self._wire(self.pieces(name, (numel,)), world_size, rank)
+        """Bytes `rank` sent in the last allreduce of `name` (by its pieces), else as one exact tensor."""
+        if name and name in self._last_pieces:
+            return self._wire(self._last_pieces[name], world_size, rank)
+        if name and name in self._layouts:
+            return self._wire(self.pieces(name, (numel,)), world_size, rank)
+        return self.wire_bytes(numel, world_size, rank)
 
     def allreduce_async(self, tensor, op="avg", name=None, out=None, _blocking=False):
         self.check(tensor, op, name)
@@ -250,6 +254,7 @@ class PowerSGD(Compressor):
         if prev is not None:  # the previous call of this name must finish before its state is reused
             prev.wait()
         st, pieces = self._state_for(name, tensor)
+        self._last_pieces[name] = pieces
         h = _Handle(self, name, st, pieces, tensor, out if out is not None else tensor, op)
         with self._lock:
             self._pending[name] = h

@@ -121,6 +121,16 @@ def test_state_dict_resumes_bitwise(comm):
         pycomm.compression.OneBit().load_state_dict(saved)
 
 
+def test_wire_bytes_count_both_allreduces(comm):
+    from pycomm import _C
+
+    c = PowerSGD(rank=2)
+    c.allreduce_async(torch.ones(37, 53), name="m").wait()
+    n, r = pycomm.size(), pycomm.rank()
+    ring = [int(_C.ring_wire_bytes(k, 4, n, r)) for k in (2 * 37, 2 * 53)]
+    assert c.wire_bytes_named("m", 37 * 53, n, r) == sum(ring)
+
+
 def test_layout_change_starts_afresh(comm):
     c = PowerSGD(rank=1)
     c.set_layout("x", [(4, 6)])
