@@ -30,6 +30,7 @@ CONFIGS: List[Dict] = [
     {"label": "topk 1%", "compression": "topk:0.01"},
     {"label": "topk 10%", "compression": "topk:0.1"},
     {"label": "threshold 0.01", "compression": "threshold:0.01"},
+    {"label": "threshold 0.05", "compression": "threshold:0.05"},
     {"label": "powersgd rank 1", "compression": "powersgd:1"},
     {"label": "powersgd rank 4", "compression": "powersgd:4"},
 ]
