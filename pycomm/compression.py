@@ -38,6 +38,12 @@ after the pre-division) is *reported, not spread*: every rank raises
 ``pycomm.CommError`` naming the offending ranks, and neither the output nor
 any residual is changed.
 
+More compressors live in pycomm/compressors/, one file each, registered here:
+``powersgd`` (rank r low-rank with warm start and error feedback), ``topk``
+and ``threshold`` (sparsification with error feedback, exchanged as (index,
+value) pairs); a parameter follows the name: ``"powersgd:2"``,
+``"topk:0.01"``, ``"threshold:0.005"`` (docs/seeds-methods.md).
+
 A new compressor plugs in without touching the engine: subclass
 :class:`Compressor`, implement ``compress``/``decompress`` (the generic path
 allgathers the compressed payloads and reduces the decompressed tensors in
@@ -107,6 +113,17 @@ class Compressor:
 
     def reset(self, name: Optional[str] = None) -> None:
         """Forget the state of tensor `name` (all tensors if None)."""
+
+    def set_layout(self, name: str, shapes: Sequence[Sequence[int]]) -> None:
+        """Say that the flat tensor `name` is the concatenation of tensors of these shapes (a bucket).
+
+        Compressors that work per tensor (powersgd: one rank-r pair per 2-D
+        gradient) use it; the others ignore it.
+        """
+
+    def wire_bytes_named(self, name: Optional[str], numel: int, world_size: int, rank: int = 0) -> int:
+        """Bytes `rank` sent for its last allreduce of tensor `name` (default: ``wire_bytes(numel, ...)``)."""
+        return self.wire_bytes(numel, world_size, rank)
 
     # ---- the collective ----
     def check(self, tensor: torch.Tensor, op: str, name: Optional[str]) -> None:
@@ -439,14 +456,24 @@ _REGISTRY: Dict[str, Callable[[], Compressor]] = {
     "bf16": BF16,
     "onebit": OneBit,
 }
+# name -> factory(parameter string) for "name:parameter" (e.g. "powersgd:4", "topk:0.001").
+_SPEC: Dict[str, Callable[[str], Compressor]] = {}
 _DEFAULTS: Dict[str, Compressor] = {}
 
 
-def register(name: str, factory: Callable[[], Compressor]) -> None:
-    """Make `name` usable as ``compression=name`` everywhere (factory() builds a fresh compressor)."""
-    if not isinstance(name, str) or not name:
-        raise ValueError("register: name must be a non-empty string")
+def register(name: str, factory: Callable[[], Compressor],
+             from_spec: Optional[Callable[[str], Compressor]] = None) -> None:
+    """Make `name` usable as ``compression=name`` everywhere (factory() builds a fresh compressor).
+
+    from_spec(parameter) builds one from ``compression="name:parameter"``.
+    """
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError("register: name must be a non-empty string without ':'")
     _REGISTRY[name] = factory
+    if from_spec is not None:
+        _SPEC[name] = from_spec
+    else:
+        _SPEC.pop(name, None)
 
 
 def names() -> Tuple[str, ...]:
@@ -454,10 +481,26 @@ def names() -> Tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
+def _choices() -> str:
+    return ", ".join(n + (" (or " + n + ":PARAM)" if n in _SPEC else "") for n in _REGISTRY)
+
+
+def known(spec) -> bool:
+    """True if `spec` is a registered name, or "name:parameter" of a name that takes a parameter."""
+    if not isinstance(spec, str):
+        return False
+    base, sep, _ = spec.partition(":")
+    return base in _REGISTRY and (not sep or base in _SPEC)
+
+
 def by_name(name: str) -> Compressor:
-    """A new compressor (with fresh state) for `name`: none | fp16 | bf16 | onebit | a registered one."""
-    if not isinstance(name, str) or name not in _REGISTRY:
-        raise ValueError(f"unknown compression {name!r}; choose one of {', '.join(_REGISTRY)}")
+    """A new compressor (with fresh state) for `name`: none | fp16 | bf16 | onebit | powersgd[:rank] |
+    topk[:ratio] | threshold[:value] | a registered one."""
+    if not known(name):
+        raise ValueError(f"unknown compression {name!r}; choose one of {_choices()}")
+    base, sep, param = name.partition(":")
+    if sep:
+        return _SPEC[base](param)
     return _REGISTRY[name]()
 
 
@@ -473,6 +516,20 @@ def resolve(compression) -> Compressor:
     if isinstance(compression, Compressor):
         return compression
     if isinstance(compression, str):
-        return default(compression) if compression in _REGISTRY else by_name(compression)
+        return default(compression) if known(compression) else by_name(compression)
     raise TypeError(f"compression must be a name ({', '.join(_REGISTRY)}) or a pycomm.compression.Compressor, "
                     f"got {type(compression).__name__}")
+
+
+def _register_builtin_extras() -> None:
+    # One file per method under pycomm/compressors/; imported here, after Compressor exists.
+    from .compressors.powersgd import PowerSGD
+    from .compressors.threshold import Threshold
+    from .compressors.topk import TopK
+
+    register("powersgd", PowerSGD, PowerSGD.from_spec)
+    register("topk", TopK, TopK.from_spec)
+    register("threshold", Threshold, Threshold.from_spec)
+
+
+_register_builtin_extras()

@@ -17,7 +17,9 @@ allreduce of every bucket goes through pycomm's engine instead, compressed:
     torch.save({"model": model.state_dict(), "hook": state.state_dict()}, f"ckpt.rank{pycomm.rank()}.pt")
 
 Hooks: ``fp16_hook`` (with :class:`FP16State`), ``bf16_hook``
-(:class:`BF16State`), ``onebit_hook`` (:class:`OneBitState`), and
+(:class:`BF16State`), ``onebit_hook`` (:class:`OneBitState`),
+``powersgd_hook`` (:class:`PowerSGDState`), ``topk_hook`` (:class:`TopKState`),
+``threshold_hook`` (:class:`ThresholdState`), and
 ``allreduce_hook`` (:class:`AllreduceState`, no compression) as a baseline.
 Each returns a future that completes when pycomm's engine has averaged the
 bucket; a background thread turns engine completions into completed
@@ -46,8 +48,9 @@ import torch
 from . import collectives
 from .compression import BF16, FP16, Compressor, NoCompression, OneBit
 
-__all__ = ["AllreduceState", "BF16State", "FP16State", "HookState", "OneBitState", "allreduce_hook", "bf16_hook",
-           "fp16_hook", "onebit_hook"]
+__all__ = ["AllreduceState", "BF16State", "FP16State", "HookState", "OneBitState", "PowerSGDState", "ThresholdState",
+           "TopKState", "allreduce_hook", "bf16_hook", "fp16_hook", "onebit_hook", "powersgd_hook", "threshold_hook",
+           "topk_hook"]
 
 
 class _Completer:
@@ -232,6 +235,111 @@ class OneBitState(HookState):
         self._layouts = dict(state.get("layouts", {}))
 
 
+class PowerSGDState(HookState):
+    """Rank-r PowerSGD with warm start and error feedback (pycomm.compressors.powersgd; docs/seeds-methods.md).
+
+    Tuning guide:
+    - rank [1]: columns of P and Q per 2-D gradient. Bytes per step are
+      r (n + m) instead of n m per n x m gradient; rank 1-4 is the usual range
+      (Vogels et al.: rank 2 matched full precision on ResNet-18/CIFAR-10).
+    - warmup_steps [0]: iterations averaged in float32 before PowerSGD starts
+      (torch's hook: ``start_powerSGD_iter``).
+    - 1-D parameters (biases, norms) and 2-D ones too small to gain travel
+      exactly, in the same allreduce as the P's.
+    - State: this rank's residual (the bucket's size) and the Q's (shared),
+      per bucket; save ``state_dict()`` per rank. A bucket whose layout
+      changes (DDP's rebuild after the first iteration) starts afresh
+      (``compressor.layout_resets``).
+    - Construction is collective (every rank, the same point): the Q
+      allreduce runs on a process group of its own, so the hook's two phases
+      keep one order on every rank while backward goes on.
+    """
+
+    compression = "powersgd"
+
+    def __init__(self, rank: int = 1, warmup_steps: int = 0, prefix: str = "ddp", seed: int = 0):
+        from .compressors.powersgd import PowerSGD
+        from .groups import new_group
+        from .runtime import size
+
+        if not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"PowerSGDState: warmup_steps must be a non-negative integer, got {warmup_steps!r}")
+        super().__init__(PowerSGD(rank=rank, seed=seed, q_group=new_group(list(range(size())))), prefix)
+        self.warmup_steps = warmup_steps
+
+    def _use_compression(self, bucket) -> bool:
+        return self.iteration >= self.warmup_steps
+
+
+def powersgd_hook(state: PowerSGDState, bucket) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket with rank-r PowerSGD (two allreduces: [exact, P], then Q) with error feedback."""
+    return _run(state, bucket)
+
+
+class _ResidualLayoutState(HookState):
+    """A state whose residuals are tied to a bucket's layout: a changed layout resets them (as OneBitState)."""
+
+    residual_layouts = True
+
+    def state_dict(self) -> Dict[str, Any]:
+        sd = super().state_dict()
+        sd["layouts"] = dict(self._layouts)
+        return sd
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._layouts = dict(state.get("layouts", {}))
+
+
+class TopKState(_ResidualLayoutState):
+    """Top-k sparsification with error feedback (pycomm.compressors.topk; docs/seeds-methods.md).
+
+    Tuning guide:
+    - ratio [0.01]: fraction of each bucket's elements sent per step, as
+      (int32 index, float32 value) pairs through an allgather: 8 (N - 1) K
+      bytes per rank against about 8 n for float32 with a ring, so it pays off
+      for ratio below about 1 / N.
+    - The residual (bucket size, float32) is training state: save
+      ``state_dict()`` per rank. DDP's bucket rebuild after the first
+      iteration keeps the residuals only if the layout stays (as onebit).
+    """
+
+    compression = "topk"
+
+    def __init__(self, ratio: float = 0.01, prefix: str = "ddp"):
+        from .compressors.topk import TopK
+
+        super().__init__(TopK(ratio), prefix)
+
+
+class ThresholdState(_ResidualLayoutState):
+    """Threshold sparsification with error feedback (pycomm.compressors.threshold; docs/seeds-methods.md).
+
+    Tuning guide:
+    - value [0.001]: |gradient + residual| at or above which an element is
+      sent; it depends on the gradients' scale. The ranks agree on
+      K = max of their counts (one small allreduce per bucket, which waits in
+      the hook), ``compressor.last_k(name)`` shows it.
+    """
+
+    compression = "threshold"
+
+    def __init__(self, value: float = 1e-3, prefix: str = "ddp"):
+        from .compressors.threshold import Threshold
+
+        super().__init__(Threshold(value), prefix)
+
+
+def topk_hook(state: TopKState, bucket) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket's top-k elements (error feedback) through an (index, value) allgather."""
+    return _run(state, bucket)
+
+
+def threshold_hook(state: ThresholdState, bucket) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket's elements above the threshold (error feedback) through an (index, value) allgather."""
+    return _run(state, bucket)
+
+
 def _layout(bucket) -> Tuple:
     return tuple(tuple(p.shape) for p in bucket.parameters())
 
@@ -247,17 +355,19 @@ def _run(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
     # CUDA buckets stay on the device: the engine and the compressors take device memory.
     host = buf
     if compress:
-        if isinstance(state.compressor, OneBit):
+        if isinstance(state.compressor, OneBit) or getattr(state, "residual_layouts", False):
             layout = _layout(bucket)
             if state._layouts.get(index) != layout:
                 if index in state._layouts:
                     state.compressor.reset(name)
                     state.layout_resets += 1
                 state._layouts[index] = layout
+        else:  # per-tensor compressors (powersgd) need the bucket's shapes; the others ignore them
+            state.compressor.set_layout(name, _layout(bucket))
         handle = state.compressor.allreduce_async(host, op="avg", name=name)
         from .runtime import rank, size
 
-        state.wire_bytes += state.compressor.wire_bytes(host.numel(), size(), rank())
+        state.wire_bytes += state.compressor.wire_bytes_named(name, host.numel(), size(), rank())
     else:
         handle = collectives.allreduce_async(host, op="avg", name=name)
     fut = torch.futures.Future(devices=[buf.device]) if cuda else torch.futures.Future()

@@ -22,7 +22,8 @@ from . import _C
 __all__ = [
     "accumulate_", "cast_to_float", "cast_to_half", "cpu_isa", "cpu_threads", "fusion_pack", "fusion_unpack",
     "onebit_compress", "onebit_decompress", "onebit_decompress_accumulate_", "onebit_num_chunks",
-    "onebit_packed_bytes", "reduce_", "scale_", "set_cpu_isa", "set_cpu_threads",
+    "onebit_packed_bytes", "reduce_", "scale_", "set_cpu_isa", "set_cpu_threads", "sparse_count_above",
+    "sparse_scatter", "sparse_select",
 ]
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -156,6 +157,49 @@ def onebit_decompress_accumulate_(out: torch.Tensor, bits: torch.Tensor, scales:
 
 
 # ---------------------------------------------------------------- fusion
+
+# ---------------------------------------------------------------- sparse (top-k / threshold)
+
+def sparse_count_above(x: torch.Tensor, residual: torch.Tensor, threshold: float) -> int:
+    """#{i : |x_i + residual_i| >= threshold} (float32 sum; NaN counts). Waits for the device on CUDA."""
+    _tensor(x, "sparse_count_above")
+    _tensor(residual, "sparse_count_above")
+    return int(_C.sparse_count_above(x, residual, float(threshold)))
+
+
+def sparse_select(x: torch.Tensor, residual: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of acc = x + residual by |acc| with error feedback; returns ``(indices int32, values float32)``.
+
+    Order: |acc| descending (NaN above inf), then index ascending; the k chosen
+    indices are returned ascending with their acc values, and ``residual``
+    becomes acc with those k elements set to 0 (in place).
+    """
+    _tensor(x, "sparse_select")
+    _tensor(residual, "sparse_select")
+    k = int(k)
+    indices = torch.empty(max(k, 0), dtype=torch.int32, device=x.device)
+    values = torch.empty(max(k, 0), dtype=torch.float32, device=x.device)
+    _C.sparse_select(x, residual, k, indices, values)
+    return indices, values
+
+
+def sparse_scatter(indices: torch.Tensor, values: torch.Tensor, n: int, scale: float = 1.0,
+                   out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """out[0..n) = scale * sum over rows r (in order) of the pairs (indices[r, j], values[r, j]).
+
+    indices int32 and values float32 of shape (rows, k) (or (k,) for one row).
+    """
+    _tensor(indices, "sparse_scatter")
+    _tensor(values, "sparse_scatter")
+    if indices.shape != values.shape:
+        raise ValueError(f"pycomm.kernels.sparse_scatter: indices {tuple(indices.shape)} and values "
+                         f"{tuple(values.shape)} differ in shape")
+    rows, k = (1, indices.numel()) if indices.dim() <= 1 else (indices.shape[0], indices[0].numel())
+    if out is None:
+        out = torch.empty(n, dtype=torch.float32, device=values.device)
+    _C.sparse_scatter(indices.reshape(-1), values.reshape(-1), rows, k, out, float(scale))
+    return out
+
 
 def fusion_pack(tensors: Sequence[torch.Tensor], out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """flat = concat(t.flatten() for t in tensors), one call (one kernel launch on CUDA).

@@ -58,8 +58,8 @@ def check_compression(compression):
     """Return `compression` if pycomm supports it, else raise ValueError listing the choices."""
     if isinstance(compression, _compression.Compressor):
         return compression
-    if not isinstance(compression, str) or compression not in _compression.names():
-        raise ValueError(f"unknown compression {compression!r}; supported: {', '.join(_compression.names())}")
+    if not _compression.known(compression):
+        raise ValueError(f"unknown compression {compression!r}; supported: {_compression._choices()}")
     return compression
 
 
@@ -92,8 +92,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     named_parameters: (name, parameter) pairs, e.g. ``model.named_parameters()``;
         names appear in error messages. Default: the optimizer's parameters,
         named by position. Every parameter the optimizer updates must be listed.
-    compression: one of SUPPORTED_COMPRESSION (none, fp16, bf16, onebit) or a
-        pycomm.compression.Compressor. The optimizer gets its own compressor
+    compression: one of SUPPORTED_COMPRESSION (none, fp16, bf16, onebit), a
+        registered name such as "powersgd:2", "topk:0.01" or "threshold:0.005"
+        (docs/seeds-methods.md), or a pycomm.compression.Compressor. The optimizer gets its own compressor
         (for onebit: its own error-feedback residuals, one pair per bucket,
         saved in ``state_dict()`` under "pycomm_compression", per rank).
         Compression applies to float32 buckets (a CUDA bucket compressed on
@@ -197,6 +198,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if current:
             self._buckets.append(_Bucket(len(self._buckets), current))
         self._bucket_of: Dict[int, _Bucket] = {id(p): b for b in self._buckets for p in b.params}
+        for b in self._buckets:  # per-tensor compressors (powersgd) need the shapes inside a bucket
+            if self._compressed(b):
+                self.compressor.set_layout(f"DistributedOptimizer.bucket{b.index}", [tuple(p.shape) for p in b.params])
         self._passes: Dict[int, int] = {id(p): 0 for p in trainable}
         self._next_to_start = 0
         # True from synchronize() until the next gradient arrives or step()/zero_grad() ends the
@@ -279,7 +283,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # A CUDA bucket is compressed on its device (the engine's device paths): only the
             # compressed bytes leave the GPU.
             b.handle = self.compressor.allreduce_async(b.buffer, op=self.op, name=name)
-            self.bytes_sent += self.compressor.wire_bytes(b.numel, size(), rank())
+            self.bytes_sent += self.compressor.wire_bytes_named(name, b.numel, size(), rank())
         else:
             b.handle = collectives.allreduce_async(b.buffer, op=self.op, algorithm=self.algorithm, name=name)
             self.bytes_sent += ring_bytes_sent(nbytes, size())

@@ -12,6 +12,7 @@
 #include "../kernels/fusion.h"
 #include "../kernels/onebit.h"
 #include "../kernels/reduce.h"
+#include "../kernels/sparse.h"
 #include "bindings.h"
 
 #ifdef PYCOMM_WITH_CUDA
@@ -257,6 +258,80 @@ void onebit_decompress(const at::Tensor& bits, const at::Tensor& scales, int64_t
   }
 }
 
+// ---- sparse (top-k / threshold with error feedback; kernels/sparse.h) ----
+void check_sparse_n(int64_t n, const char* fn) {
+  if (n >= (int64_t{1} << 31))
+    throw py::value_error(std::string(fn) + ": " + std::to_string(n) +
+                          " elements; the int32 indices of sparse compression address fewer than 2^31");
+}
+
+int64_t sparse_count_above(const at::Tensor& x, const at::Tensor& residual, double threshold) {
+  const char* fn = "sparse_count_above";
+  need(x, at::kFloat, fn, "input");
+  need(residual, at::kFloat, fn, "residual");
+  const int64_t n = x.numel();
+  need_numel(residual, n, fn, "residual");
+  check_sparse_n(n, fn);
+  if (!(threshold >= 0)) throw py::value_error(std::string(fn) + ": threshold must be >= 0, got " +
+                                               std::to_string(threshold));
+  Where w = where(fn, {&x, &residual});
+  const float* xp = x.data_ptr<float>();
+  const float* ep = residual.data_ptr<float>();
+  const float t = static_cast<float>(threshold);
+  size_t count = 0;
+  dispatch(
+      w, [&] { count = kernels::sparse_count_above_cpu(xp, ep, n, t); },
+      [&](kernels::Stream st) { count = kernels::sparse_count_above_cuda(xp, ep, n, t, st); });
+  return static_cast<int64_t>(count);
+}
+
+void sparse_select(const at::Tensor& x, at::Tensor residual, int64_t k, at::Tensor indices, at::Tensor values) {
+  const char* fn = "sparse_select";
+  need(x, at::kFloat, fn, "input");
+  need(residual, at::kFloat, fn, "residual");
+  need(indices, at::kInt, fn, "indices");
+  need(values, at::kFloat, fn, "values");
+  const int64_t n = x.numel();
+  need_numel(residual, n, fn, "residual");
+  check_sparse_n(n, fn);
+  if (k < 0 || k > n)
+    throw py::value_error(std::string(fn) + ": k must be in [0, " + std::to_string(n) + "], got " + std::to_string(k));
+  need_numel(indices, k, fn, "indices", true);
+  need_numel(values, k, fn, "values", true);
+  if (x.data_ptr() == residual.data_ptr() && n > 0)
+    throw py::value_error("sparse_select: input and residual must be different tensors");
+  Where w = where(fn, {&x, &residual, &indices, &values});
+  const float* xp = x.data_ptr<float>();
+  float* ep = residual.data_ptr<float>();
+  int32_t* ip = indices.data_ptr<int32_t>();
+  float* vp = values.data_ptr<float>();
+  dispatch(
+      w, [&] { kernels::sparse_select_cpu(xp, ep, n, k, ip, vp); },
+      [&](kernels::Stream st) { kernels::sparse_select_cuda(xp, ep, n, k, ip, vp, st); });
+}
+
+void sparse_scatter(const at::Tensor& indices, const at::Tensor& values, int64_t rows, int64_t k, at::Tensor out,
+                    double scale) {
+  const char* fn = "sparse_scatter";
+  need(indices, at::kInt, fn, "indices");
+  need(values, at::kFloat, fn, "values");
+  need(out, at::kFloat, fn, "out");
+  if (rows < 0 || k < 0)
+    throw py::value_error(std::string(fn) + ": rows and k must be >= 0");
+  need_numel(indices, rows * k, fn, "indices");
+  need_numel(values, rows * k, fn, "values");
+  const int64_t n = out.numel();
+  check_sparse_n(n, fn);
+  Where w = where(fn, {&out, &indices, &values});
+  const int32_t* ip = indices.data_ptr<int32_t>();
+  const float* vp = values.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  dispatch(
+      w, [&] { kernels::sparse_scatter_cpu(ip, vp, rows, k, op, n, sc); },
+      [&](kernels::Stream st) { kernels::sparse_scatter_cuda(ip, vp, rows, k, op, n, sc, st); });
+}
+
 // ---- fusion ----
 struct Table {
   std::vector<size_t> counts;
@@ -343,6 +418,12 @@ void register_kernels(py::module_& m) {
         py::arg("out"), py::arg("accumulate"), py::arg("weight"), py::arg("mask") = py::none(),
         "out = q (accumulate=False) or out += weight*q (accumulate=True).");
   m.def("onebit_packed_bytes", [](int64_t n) { return kernels::onebit_packed_bytes(static_cast<size_t>(n)); });
+  m.def("sparse_count_above", &sparse_count_above, py::arg("x"), py::arg("residual"), py::arg("threshold"),
+        "#{i : |x_i + residual_i| >= threshold} (see sparse.h).");
+  m.def("sparse_select", &sparse_select, py::arg("x"), py::arg("residual"), py::arg("k"), py::arg("indices"),
+        py::arg("values"), "Top-k of |x + residual| with error feedback (see sparse.h).");
+  m.def("sparse_scatter", &sparse_scatter, py::arg("indices"), py::arg("values"), py::arg("rows"), py::arg("k"),
+        py::arg("out"), py::arg("scale"), "out = scale * sum over rows of the (index, value) pairs (see sparse.h).");
   m.def("fusion_pack", &fusion_pack, py::arg("tensors"), py::arg("flat"), "flat = concat(tensors).");
   m.def("fusion_unpack", &fusion_unpack, py::arg("flat"), py::arg("tensors"), py::arg("scale"),
         "tensors[k] = flat[off_k : off_k + numel_k] * scale.");

@@ -9,6 +9,7 @@
 #include "fusion.h"
 #include "onebit.h"
 #include "reduce.h"
+#include "sparse.h"
 
 namespace pycomm {
 namespace kernels {
@@ -45,6 +46,15 @@ void fusion_unpack_cuda(const void*, void* const*, const size_t*, size_t, DType,
 }
 void reduce_cuda(void*, const void*, size_t, DType, ReduceOp, Stream) { no_cuda("reduce_cuda"); }
 void scale_cuda(void*, size_t, DType, double, Stream) { no_cuda("scale_cuda"); }
+size_t sparse_count_above_cuda(const float*, const float*, size_t, float, Stream) {
+  no_cuda("sparse_count_above_cuda");
+}
+void sparse_select_cuda(const float*, float*, size_t, size_t, int32_t*, float*, Stream) {
+  no_cuda("sparse_select_cuda");
+}
+void sparse_scatter_cuda(const int32_t*, const float*, size_t, size_t, float*, size_t, float, Stream) {
+  no_cuda("sparse_scatter_cuda");
+}
 
 }  // namespace kernels
 }  // namespace pycomm

@@ -13,6 +13,7 @@ from .base import Algorithm
 from .bmuf import BMUF
 from .dcasgd import DCASGD
 from .easgd import EASGD
+from .ec_dnn import ECDNN
 from .hogwild import Hogwild
 from .hybrid import Hybrid
 from .model_averaging import ModelAveraging
@@ -21,7 +22,8 @@ from .ssgd import SSGD
 from .ssp import SSP
 
 ALGORITHMS: Dict[str, Type[Algorithm]] = {cls.name: cls for cls in (SSGD, ModelAveraging, BMUF, EASGD, ADMM,
-                                                                    ASGD, SSP, DCASGD, AdaDelay, Hogwild, Hybrid)}
+                                                                    ASGD, SSP, DCASGD, AdaDelay, Hogwild, Hybrid,
+                                                                    ECDNN)}
 
 
 def names() -> List[str]:

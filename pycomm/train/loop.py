@@ -285,7 +285,9 @@ def train(args) -> Dict[str, Any]:
                 loss = F.cross_entropy(model(algo.cast_input(x)).float(), y)
                 algo.backward(loss)  # scaled by the loss scale
             else:
-                loss = F.cross_entropy(model(x), y)
+                # an algorithm with a loss of its own (ec_dnn: distillation towards the ensemble) supplies it
+                loss = (algo.training_loss(model(x), x, y) if hasattr(algo, "training_loss")
+                        else F.cross_entropy(model(x), y))
                 loss.backward()
             if slow_factor > 1.0:  # --straggler: this rank computes slow_factor times slower
                 time.sleep((slow_factor - 1.0) * (time.perf_counter() - t_compute))
