@@ -86,16 +86,17 @@ def want_cuda():
 
 
 def cxx_standard():
-    """C++17 as designed, or the newer standard this torch's headers demand: they stop with #error
-    below a `__cplusplus < NNNNNNL` test (C++17 up to torch 2.13, C++20 from 2.14 on). Read from the
-    headers, so any installed torch builds; the version rule only where the headers cannot be read."""
+    """C++17 as designed, or the newer standard this torch's headers need: they stop with #error
+    below a `__cplusplus < NNNNNNL` test (C++20 from torch 2.14 on), or use C++20 constructs that
+    GCC warns about under C++17 (torch 2.13). Read from the headers, so any installed torch builds
+    without warnings from them; the version rule only where the headers cannot be read."""
     import re
     from torch.utils.cpp_extension import include_paths
 
     needed = 0
     for inc in include_paths():
         for rel in ("torch/csrc/api/include/torch/all.h", "c10/macros/Macros.h", "c10/util/C++17.h",
-                    "torch/all.h", "torch/headeronly/macros/Macros.h"):
+                    "torch/all.h", "torch/headeronly/macros/Macros.h", "c10/core/AutogradState.h"):
             try:
                 with open(os.path.join(inc, rel)) as f:
                     text = f.read()
@@ -103,8 +104,12 @@ def cxx_standard():
                 continue
             for m in re.finditer(r"__cplusplus\s*<\s*(\d{6})L[^\n]*\n\s*#\s*error", text):
                 needed = max(needed, int(m.group(1)))
+            # A bit-field with a default member initializer ("bool x_ : 1 = true;") is C++20: GCC takes it
+            # under C++17 only as an extension, with a warning in every file that includes it (torch 2.13).
+            if re.search(r"^\s*\w[\w:<>\s]*\s\w+\s*:\s*\d+\s*=\s*[^=\s]", text, re.M):
+                needed = max(needed, 202002)
     if needed:
-        return "c++20" if needed > 201703 else "c++17"
+        return "c++20" if needed > 201703 else "c++17"  # needed: the oldest __cplusplus the headers accept
     major, minor = (int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
     return "c++20" if (major, minor) >= (2, 14) else "c++17"
 

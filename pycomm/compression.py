@@ -69,6 +69,28 @@ def _label(name: Optional[str]) -> str:
     return f" '{name}'" if name else ""
 
 
+class InFlightByName:
+    """Handles in flight per tensor name, for compressors with per-name state.
+
+    A handle's completion updates the name's residuals; ``state_dict()``,
+    ``load_state_dict()`` and ``reset()`` call ``_wait_pending()`` first so
+    that they see (and replace) the state after every call already started.
+    """
+
+    def _init_pending(self) -> None:
+        self._pending: Dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def _wait_pending(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for h in pending.values():
+            try:
+                h.wait()
+            except Exception:  # the error belongs to whoever waits on the handle
+                pass
+
+
 class Compressor:
     """The interface every compression implements.
 
@@ -269,7 +291,7 @@ class _Residuals:
         self.worker, self.server, self.world_size = worker, server, world_size
 
 
-class OneBit(_EngineCompressor):
+class OneBit(InFlightByName, _EngineCompressor):
     """1 bit per element with error feedback, two-phase (DeepSpeed's compressed allreduce).
 
     Every tensor needs a ``name``: its residuals (the worker's e_w, n floats,
@@ -306,8 +328,7 @@ class OneBit(_EngineCompressor):
         self._residuals: Dict[str, _Residuals] = {}
         self._masks: Dict[str, torch.Tensor] = {}
         self._device_masks: Dict[Tuple[str, torch.device], torch.Tensor] = {}  # masks copied to a device
-        self._pending: Dict[str, Any] = {}
-        self._lock = threading.Lock()
+        self._init_pending()
         for k, v in (masks or {}).items():
             self.set_mask(k, v)
 
@@ -366,15 +387,6 @@ class OneBit(_EngineCompressor):
                        torch.zeros(chunk, dtype=torch.float32, device=device), world)
         self._residuals[name] = r
         return r
-
-    def _wait_pending(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, {}
-        for h in pending.values():
-            try:
-                h.wait()
-            except Exception:  # the error belongs to whoever waits on the handle
-                pass
 
     def state_dict(self) -> Dict[str, Any]:
         self._wait_pending()

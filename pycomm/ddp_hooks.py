@@ -179,7 +179,22 @@ class BF16State(HookState):
         super().__init__(BF16(), prefix)
 
 
-class OneBitState(HookState):
+class _ResidualLayoutState(HookState):
+    """A state whose residuals are tied to a bucket's layout: a changed layout resets them (onebit, topk, threshold)."""
+
+    residual_layouts = True
+
+    def state_dict(self) -> Dict[str, Any]:
+        sd = super().state_dict()
+        sd["layouts"] = dict(self._layouts)
+        return sd
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._layouts = dict(state.get("layouts", {}))
+
+
+class OneBitState(_ResidualLayoutState):
     """1 bit per gradient element with error feedback (two-phase): ~1/32 of float32's bytes.
 
     Tuning guide:
@@ -225,15 +240,6 @@ class OneBitState(HookState):
     def _use_compression(self, bucket) -> bool:
         return self.iteration >= self.warmup_steps
 
-    def state_dict(self) -> Dict[str, Any]:
-        sd = super().state_dict()
-        sd["layouts"] = dict(self._layouts)
-        return sd
-
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self._layouts = dict(state.get("layouts", {}))
-
 
 class PowerSGDState(HookState):
     """Rank-r PowerSGD with warm start and error feedback (pycomm.compressors.powersgd; docs/seeds-methods.md).
@@ -274,21 +280,6 @@ class PowerSGDState(HookState):
 def powersgd_hook(state: PowerSGDState, bucket) -> torch.futures.Future[torch.Tensor]:
     """Average the bucket with rank-r PowerSGD (two allreduces: [exact, P], then Q) with error feedback."""
     return _run(state, bucket)
-
-
-class _ResidualLayoutState(HookState):
-    """A state whose residuals are tied to a bucket's layout: a changed layout resets them (as OneBitState)."""
-
-    residual_layouts = True
-
-    def state_dict(self) -> Dict[str, Any]:
-        sd = super().state_dict()
-        sd["layouts"] = dict(self._layouts)
-        return sd
-
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self._layouts = dict(state.get("layouts", {}))
 
 
 class TopKState(_ResidualLayoutState):

@@ -15,17 +15,16 @@ the same order, so all hold bitwise the same result.
 """
 from __future__ import annotations
 
-import threading
 from typing import Any, Dict, Optional
 
 import torch
 
 from .. import _ops, kernels
-from ..compression import Compressor, _label
+from ..compression import Compressor, InFlightByName, _label
 from ..runtime import size
 
 
-class SparseCompressor(Compressor):
+class SparseCompressor(InFlightByName, Compressor):
     """Base of TopK and Threshold: per-name residuals in ``state_dict()``, K from :meth:`agreed_k`."""
 
     name = "sparse"
@@ -33,8 +32,7 @@ class SparseCompressor(Compressor):
     def __init__(self):
         self._residuals: Dict[str, torch.Tensor] = {}
         self._last_k: Dict[str, int] = {}
-        self._pending: Dict[str, "_Handle"] = {}
-        self._lock = threading.Lock()
+        self._init_pending()
 
     # ---- what a method decides ----
     def agreed_k(self, x: torch.Tensor, residual: torch.Tensor, name: str) -> int:
@@ -51,15 +49,6 @@ class SparseCompressor(Compressor):
     def last_k(self, name: str) -> Optional[int]:
         """Elements per rank sent in the last allreduce of `name`."""
         return self._last_k.get(name)
-
-    def _wait_pending(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, {}
-        for h in pending.values():
-            try:
-                h.wait()
-            except Exception:  # the error belongs to whoever waits on the handle
-                pass
 
     def state_dict(self) -> Dict[str, Any]:
         self._wait_pending()

@@ -27,14 +27,13 @@ the tensor's own shape is the one piece.
 """
 from __future__ import annotations
 
-import threading
 import zlib
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from .. import _C, _ops
-from ..compression import Compressor, _label
+from ..compression import Compressor, InFlightByName, _label
 from ..runtime import size
 
 
@@ -75,7 +74,7 @@ class _State:
         self.layout, self.residual, self.qs = layout, residual, qs
 
 
-class PowerSGD(Compressor):
+class PowerSGD(InFlightByName, Compressor):
     """Rank-r PowerSGD with warm start and error feedback.
 
     rank [1]: columns of P and Q (torch's PowerSGD hook defaults to 1; Vogels
@@ -104,9 +103,8 @@ class PowerSGD(Compressor):
         self.q_group = q_group  # pycomm.ProcessGroup for the Q allreduce (None: the world engine)
         self._layouts: Dict[str, Tuple[Tuple[int, ...], ...]] = {}
         self._states: Dict[str, _State] = {}
-        self._pending: Dict[str, "_Handle"] = {}
+        self._init_pending()
         self._last_pieces: Dict[str, List[_Piece]] = {}
-        self._lock = threading.Lock()
         self.layout_resets = 0
 
     @classmethod
@@ -170,15 +168,6 @@ class PowerSGD(Compressor):
             st.residual = st.residual.to(dev)
             st.qs = [None if q is None else q.to(dev) for q in st.qs]
         return st, pieces
-
-    def _wait_pending(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, {}
-        for h in pending.values():
-            try:
-                h.wait()
-            except Exception:  # the error belongs to whoever waits on the handle
-                pass
 
     def state_dict(self) -> Dict[str, Any]:
         self._wait_pending()
