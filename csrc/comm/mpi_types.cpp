@@ -78,6 +78,10 @@ MPI_Datatype mpi_datatype(DType dtype) {
     case DType::I64: return MPI_INT64_T;
     case DType::F16: return g_f16;
     case DType::BF16: return g_bf16;
+    case DType::U8: return MPI_UINT8_T;
+    case DType::I8: return MPI_INT8_T;
+    case DType::I16: return MPI_INT16_T;
+    case DType::BOOL: return MPI_UINT8_T;  // one byte, 0 or 1; reduced with MPI_LOR/MPI_LAND (mpi_op)
   }
   throw CommError("mpi_datatype: unsupported dtype");
 }
@@ -87,6 +91,8 @@ MPI_Op mpi_op(DType dtype, ReduceOp op) {
     return g_half_ops[dtype == DType::F16 ? 0 : 1][static_cast<int>(op)];
   if ((dtype == DType::F32 || dtype == DType::F64) && (op == ReduceOp::MIN || op == ReduceOp::MAX))
     return g_nan_ops[dtype == DType::F32 ? 0 : 1][op == ReduceOp::MIN ? 0 : 1];
+  if (dtype == DType::BOOL)  // as reduce_cpu: sum and max are a logical or, min and prod a logical and
+    return op == ReduceOp::SUM || op == ReduceOp::MAX ? MPI_LOR : MPI_LAND;
   switch (op) {
     case ReduceOp::SUM: return MPI_SUM;
     case ReduceOp::MIN: return MPI_MIN;
