@@ -243,10 +243,15 @@ def _scale_(t, factor) -> None:
         t.copy_(_scaled(t, factor))
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
 def _int_average(op: int, dtype, postscale_factor, n: int):
-    """Horovod's Average of an integer tensor: a Sum, then the result times postscale/n in float64,
-    truncated. Returns (op, postscale) to run; floating types keep Average (pycomm's op='avg')."""
-    if op == Average and not dtype.is_floating_point:
+    """Horovod's Average: a Sum, then the result times postscale/n (integers in float64, truncated),
+    n the set's size also while ranks have joined (they add zeros). Returns (op, postscale) to run.
+    fp16/bf16 keep pycomm's op='avg', which divides before the sum (a sum of large fp16 values
+    overflows before a later division could help)."""
+    if op == Average and dtype not in _HALF:
         return Sum, postscale_factor / n
     return op, postscale_factor
 
@@ -370,11 +375,14 @@ def _grouped_start(tensors, outputs, name, op, prescale_factor, postscale_factor
         return _register_group([_allreduce_start(t, o, f"{name}.{i}" if name else None, op, prescale_factor,
                                                  postscale_factor, process_set)
                                 for i, (t, o) in enumerate(zip(tensors, outputs))])
-    if op == Average and any(not t.dtype.is_floating_point for t in tensors):
-        # Integer averages are sums with a truncating postscale (_int_average), tensor by tensor.
-        return _register_group([_allreduce_start(t, o, f"{name}.{i}" if name else None, op, prescale_factor,
-                                                 postscale_factor, process_set)
-                                for i, (t, o) in enumerate(zip(tensors, outputs))])
+    if op == Average:
+        halves = [t.dtype in _HALF for t in tensors]
+        if not any(halves):  # Horovod's Average (_int_average): one sum, then postscale / n
+            op, postscale_factor = Sum, postscale_factor / _set_size(process_set)
+        elif not all(halves):  # fp16/bf16 mixed with other dtypes: each tensor on its own path
+            return _register_group([_allreduce_start(t, o, f"{name}.{i}" if name else None, op, prescale_factor,
+                                                     postscale_factor, process_set)
+                                    for i, (t, o) in enumerate(zip(tensors, outputs))])
     group = _group(process_set, what)
     srcs, outs = [], []
     for t, output in zip(tensors, outputs):
