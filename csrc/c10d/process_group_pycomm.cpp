@@ -650,8 +650,19 @@ void ProcessGroupPycomm::monitoredBarrier(const c10d::BarrierOptions& opts, bool
   for (int r = 1; r < size_; ++r)
     PYCOMM_MPI_CHECK(MPI_Irecv(&bytes[r], 1, MPI_CHAR, r, kMonitoredBarrierTag, p2p_, &reqs[r]));
   std::vector<int> late;
-  for (int r = 1; r < size_; ++r)
-    if (!wait_until(&reqs[r], deadline)) late.push_back(r);
+  for (int r = 1; r < size_; ++r) {
+    // As gloo: rank 0's own time ran out before it came to wait for rank r.
+    int arrived = 0;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      PYCOMM_MPI_CHECK(MPI_Test(&reqs[r], &arrived, MPI_STATUS_IGNORE));
+      if (!arrived) {
+        for (int k = r; k < size_; ++k) wait_until(&reqs[k], deadline);  // cancels the open receives
+        TORCH_CHECK(false, "Rank 0 timed out in monitoredBarrier after ", timeout.count(), " ms (pycomm backend); "
+                    "rank ", r, " had not arrived");
+      }
+    }
+    if (!arrived && !wait_until(&reqs[r], deadline)) late.push_back(r);
+  }
   if (late.empty()) {
     for (int r = 1; r < size_; ++r) PYCOMM_MPI_CHECK(MPI_Send(&byte, 1, MPI_CHAR, r, kMonitoredBarrierTag, p2p_));
     return;
