@@ -131,9 +131,9 @@ def run_suite(suite: str, np: int, job_timeout: float, test_timeout: float, log)
             args = ["-m", "pytest", *targets, "-q", "-p", "no:cacheprovider", "-p", "record", "--color=no",
                     f"--timeout={test_timeout:.0f}", "--rootdir", HOROVOD_DIR]
             # A test that leaves one rank waiting for a collective the others never call ends the job
-            # through pycomm's stall watchdog after 30 s (the next job resumes after that test).
+            # through pycomm's stall watchdog after 10 s (the next job resumes after that test).
             env = {"PYTHONPATH": os.pathsep.join([os.path.join(COMPAT, "alias"), COMPAT, ROOT]),
-                   "PYCOMM_COMPAT_OUT": job_dir, "PYCOMM_STALL_WARNING_S": "10", "PYCOMM_STALL_ABORT_S": "30"}
+                   "PYCOMM_COMPAT_OUT": job_dir, "PYCOMM_STALL_WARNING_S": "5", "PYCOMM_STALL_ABORT_S": "10"}
         else:
             args = [os.path.join(COMPAT, "torch_dist.py"), "--backend", "gloo" if suite == "torch-gloo" else "pycomm",
                     "--out", job_dir, "--tests", ",".join(rest), f"--test-timeout={test_timeout:.0f}"]

@@ -7,9 +7,9 @@
   in the same harness, at the same world size, passes too, except the
   gloo-only tests listed with their reasons.
 
-World sizes: PYCOMM_COMPAT_RANKS (CI: 2,3,4; torch's suite runs at the sizes up
-to 3). Without it the file skips: the suites take minutes, so `make test` leaves
-them to CI and `make compat`. The Horovod suite comes from ../shared/peer/horovod;
+World sizes: PYCOMM_COMPAT_RANKS (CI: 2; `make compat` prints 2, 3 and 4; torch's
+suite runs at the sizes up to 3). Without it the file skips: the suites take
+minutes, so `make test` leaves them to CI and `make compat`. The Horovod suite comes from ../shared/peer/horovod;
 where it is absent the test skips and says why.
 """
 import importlib.util
