@@ -33,9 +33,6 @@ pytestmark = pytest.mark.skipif(not RANKS, reason="set PYCOMM_COMPAT_RANKS=2,3,4
 TORCH_RANKS = [n for n in RANKS if n <= 3]
 
 
-HOROVOD_PASS_RATE = {}
-
-
 def _log(msg):
     print(msg, flush=True)
 
@@ -58,7 +55,7 @@ def test_horovod_suite(np):
     assert not unexplained, (f"Horovod's suite at {np} ranks: failures not named in docs/compatibility.md "
                              f"(tests/compat/expected.py):\n" + "\n".join(f"{t}: {m[-400:]}" for t, m in
                                                                          sorted(unexplained.items())))
-    HOROVOD_PASS_RATE[np] = (passed, len(ran))
+    assert ran, f"Horovod's suite at {np} ranks ran no test"
     if passed / len(ran) < 0.97:
         pytest.xfail(f"{passed} of {len(ran)} Horovod tests pass at {np} ranks, below 97%: the remaining failures "
                      "are named in docs/compatibility.md")
