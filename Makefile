@@ -2,6 +2,7 @@
 #
 #   make run    the main job: 4-rank synchronous SGD on the bundled digits data, ending with an allreduce bandwidth table
 #   make test   every test: one-process unit tests and the MPI tests at 1, 2, 3 and 4 ranks
+#   make compat Horovod's and torch's own test suites on pycomm, one table (docs/compatibility.md)
 #
 # The virtual environment lives in .venv (override with VENV=...). torch is the
 # CPU build unless an NVIDIA driver is present (override with TORCH_SPEC=...).
@@ -13,7 +14,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 TORCH_SPEC ?= $(if $(HAS_GPU),torch==2.14.1,torch==2.13.0)
 NP ?= 4
 
-.PHONY: all venv build run train bench test test-unit test-mpi clean
+.PHONY: all venv build run train bench test test-unit test-mpi compat clean
 
 all: build
 
@@ -51,6 +52,10 @@ test-unit: build
 
 test-mpi: build
 	$(PY) -m pytest tests/test_parallel.py
+
+# Horovod's and torch's own test suites on pycomm: one table (docs/compatibility.md).
+compat: build
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) bench/compat.py --ranks 2,3,4 --suites horovod,torch-gloo,torch --failures
 
 clean:
 	rm -rf build *.egg-info pycomm/_C*.so $(VENV)/.installed

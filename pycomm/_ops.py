@@ -16,7 +16,9 @@ import torch
 from . import _C
 from .runtime import topology
 
-SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
+# The dtypes the engine moves: the table in csrc/kernels/dtype.h, read through _C (one place decides).
+# Integers wrap around; bool reduces as logical or (sum, max) and logical and (min, prod).
+SUPPORTED_DTYPES = tuple(getattr(torch, name) for name in _C.dtype_names)
 REDUCE_OPS = ("sum", "avg", "min", "max")
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "mpi", "shm", "hierarchical", "hierarchical_master")
 

@@ -104,6 +104,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
     op: "avg" (default) or "sum" over ranks.
     bucket_mb: target bucket size in MiB (a larger parameter gets its own bucket).
     algorithm: allreduce algorithm passed to ``pycomm.allreduce_async``.
+    group: a ``pycomm.new_group()`` group to reduce over (default: all ranks);
+        compression needs all ranks. Ranks outside the group keep their own
+        gradients.
+    sparse_as_dense: how sparse gradients (``nn.Embedding(sparse=True)``) are
+        reduced. False: as Horovod's sparse allreduce, an allgather of every
+        rank's indices and values (divided by the group size for "avg"); the
+        parameter gets a sparse gradient holding all of them. True: densified
+        and reduced in the parameter's bucket like any other gradient, then
+        made sparse again for the optimizer.
 
     Counters: ``num_allreduces`` (collectives started), ``bytes_reduced``
     (payload bytes) and ``bytes_sent`` (per-rank ring estimate, 2(N-1)/N * S).
@@ -112,7 +121,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizer: torch.optim.Optimizer,
                  named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
                  compression: str = "none", backward_passes_per_step: int = 1, op: str = "avg",
-                 bucket_mb: float = 25.0, algorithm: str = "auto"):
+                 bucket_mb: float = 25.0, algorithm: str = "auto", group=None, sparse_as_dense: bool = False):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if isinstance(optimizer, DistributedOptimizer):
@@ -128,6 +137,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be positive, got {bucket_mb!r}")
         topology()  # raises clearly before init
+        if group is not None and not (isinstance(compression, str) and compression == "none"):
+            raise ValueError("DistributedOptimizer: compression runs over all ranks; group= needs compression='none'")
 
         opt_params = [p for group in optimizer.param_groups for p in group["params"]]
         if named_parameters is None:
@@ -160,6 +171,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.algorithm = algorithm
+        self.group = group
+        self._group_size = size() if group is None else group.size
+        self._member = group is None or group.is_member  # outside the group: local gradients, no reduction
+        self.sparse_as_dense = bool(sparse_as_dense)
+        self._sparse: Dict[int, object] = {}  # id(p) -> the sparse reduction in flight (sparse_as_dense=False)
         self.num_allreduces = 0
         self.bytes_reduced = 0
         self.bytes_sent = 0
@@ -241,6 +257,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # -- during backward ---------------------------------------------------
     def _on_grad(self, p: torch.Tensor) -> None:
+        if not self._member:
+            return
         key = id(p)
         self._synchronized = False
         self._passes[key] += 1
@@ -274,6 +292,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 view = b.buffer[offset:offset + n]
                 if p.grad is None:
                     view.zero_()
+                elif p.grad.is_sparse:
+                    if self.sparse_as_dense:
+                        view.copy_(p.grad.to_dense().reshape(-1))
+                    else:  # reduced on its own (_start_sparse); its place in the bucket stays zero
+                        view.zero_()
+                        self._start_sparse(p)
                 else:
                     view.copy_(p.grad.reshape(-1))
                 offset += n
@@ -285,10 +309,27 @@ class DistributedOptimizer(torch.optim.Optimizer):
             b.handle = self.compressor.allreduce_async(b.buffer, op=self.op, name=name)
             self.bytes_sent += self.compressor.wire_bytes_named(name, b.numel, size(), rank())
         else:
-            b.handle = collectives.allreduce_async(b.buffer, op=self.op, algorithm=self.algorithm, name=name)
-            self.bytes_sent += ring_bytes_sent(nbytes, size())
+            b.handle = collectives.allreduce_async(b.buffer, op=self.op, algorithm=self.algorithm, name=name,
+                                                   group=self.group)
+            self.bytes_sent += ring_bytes_sent(nbytes, self._group_size)
         self.num_allreduces += 1
         self.bytes_reduced += nbytes
+
+    def _start_sparse(self, p: torch.Tensor) -> None:
+        """Allgather a sparse gradient's indices (as rows) and values over the group."""
+        g = p.grad
+        name = f"DistributedOptimizer.sparse.{self._names[id(p)]}"
+        hi = collectives.allgather_async(g._indices().t().contiguous(), name=name + ".indices", group=self.group)
+        hv = collectives.allgather_async(g._values().contiguous(), name=name + ".values", group=self.group)
+        self._sparse[id(p)] = (hi, hv)
+        self.num_allreduces += 2
+
+    def _finish_sparse(self, p: torch.Tensor) -> None:
+        hi, hv = self._sparse.pop(id(p))
+        values = hv.wait()
+        if self.op == "avg":
+            values = values / self._group_size
+        p.grad = torch.sparse_coo_tensor(hi.wait().t(), values, p.shape)
 
     def _compressed(self, b: _Bucket) -> bool:
         return not isinstance(self.compressor, _compression.NoCompression) and self.compressor.supports(b.dtype)
@@ -301,7 +342,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         Idempotent within an iteration: after one synchronize(), another one (or
         step()) does not reduce again until a new backward pass produces gradients.
         """
-        if self._synchronized:
+        if self._synchronized or not self._member:
             return
         while self._next_to_start < len(self._buckets):
             self._start(self._buckets[self._next_to_start])
@@ -313,8 +354,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 for p in b.params:
                     n = p.numel()
                     view = b.buffer[offset:offset + n].view_as(p)
-                    if p.grad is None:
+                    if id(p) in self._sparse:
+                        self._finish_sparse(p)
+                    elif p.grad is None:
                         p.grad = view.clone()
+                    elif p.grad.is_sparse:  # sparse_as_dense: sparse again for the optimizer
+                        p.grad = view.to_sparse()
                     else:
                         p.grad.copy_(view)
                     offset += n

@@ -16,6 +16,8 @@ class Engine;
 }
 namespace bindings {
 
+// torch dtype -> kernels::DType (the table in kernels/dtype.h); false for a dtype pycomm does not move.
+bool scalar_to_dtype(at::ScalarType st, kernels::DType* out);
 // torch dtype -> kernels::DType; throws TypeError naming `what` for others.
 kernels::DType to_dtype(const at::Tensor& t, const char* what);
 

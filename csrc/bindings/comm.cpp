@@ -255,6 +255,7 @@ std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tenso
   a.average = average;
   a.algorithm = parse_algorithm(algorithm);
   a.name = name;
+  a.shape = input.sizes().vec();
   comm::WorkPtr work;
   {
     py::gil_scoped_release release;  // a blocking call may run the collective right here
@@ -341,6 +342,7 @@ std::shared_ptr<GroupHandle> grouped_allreduce_async(const std::vector<at::Tenso
     a.average = average;
     a.algorithm = algo;
     if (!names.empty()) a.name = names[i];
+    a.shape = inputs[i].sizes().vec();
     kept.push_back(inputs[i]);
     if (!outputs[i].is_same(inputs[i])) kept.push_back(outputs[i]);
   }
@@ -365,6 +367,7 @@ at::Tensor allreduce_blocking(const at::Tensor& tensor, const std::string& op, b
   a.average = average;
   a.algorithm = parse_algorithm(algorithm);
   a.name = name;
+  a.shape = tensor.sizes().vec();
   SubmitScope submit;
   // Device memory and the device stand-ins need keep()'s ready event; a plain host tensor needs nothing.
   std::shared_ptr<void> kept;
@@ -430,6 +433,7 @@ std::shared_ptr<Handle> reduce_scatter_async(const at::Tensor& input, const at::
   a.average = average;
   a.algorithm = parse_algorithm(algorithm);
   a.name = name;
+  a.shape = input.sizes().vec();
   comm::WorkPtr work;
   {
     py::gil_scoped_release release;

@@ -3,18 +3,22 @@
 namespace pycomm {
 namespace bindings {
 
-kernels::DType to_dtype(const at::Tensor& t, const char* what) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return kernels::DType::F32;
-    case at::kDouble: return kernels::DType::F64;
-    case at::kHalf: return kernels::DType::F16;
-    case at::kBFloat16: return kernels::DType::BF16;
-    case at::kInt: return kernels::DType::I32;
-    case at::kLong: return kernels::DType::I64;
-    default:
-      throw pybind11::type_error(std::string(what) + ": unsupported dtype " + std::string(c10::toString(t.scalar_type())) +
-                                 "; pycomm handles float32, float64, float16, bfloat16, int32 and int64");
+bool scalar_to_dtype(at::ScalarType st, kernels::DType* out) {
+  switch (st) {
+#define PYCOMM_DTYPE_CASE(e, v, n, s, torch_type) \
+  case at::ScalarType::torch_type: *out = kernels::DType::e; return true;
+    PYCOMM_DTYPES(PYCOMM_DTYPE_CASE)
+#undef PYCOMM_DTYPE_CASE
+    default: return false;
   }
+}
+
+kernels::DType to_dtype(const at::Tensor& t, const char* what) {
+  kernels::DType d;
+  if (!scalar_to_dtype(t.scalar_type(), &d))
+    throw pybind11::type_error(std::string(what) + ": unsupported dtype " + std::string(c10::toString(t.scalar_type())) +
+                               "; pycomm handles " + kernels::dtype_list());
+  return d;
 }
 
 comm::Buffer to_buffer(const at::Tensor& t, const char* what) {
@@ -46,6 +50,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pycomm::bindings::register_optim(m);
   pycomm::bindings::register_ps(m);
   pycomm::bindings::register_join_timeline(m);
+  // The dtypes the engine moves, in kernels/dtype.h's order (pycomm._ops.SUPPORTED_DTYPES reads this).
+  pybind11::list names;
+#define PYCOMM_DTYPE_NAME(e, v, n, s, st) names.append(n);
+  PYCOMM_DTYPES(PYCOMM_DTYPE_NAME)
+#undef PYCOMM_DTYPE_NAME
+  m.attr("dtype_names") = names;
 #ifdef PYCOMM_WITH_CUDA
   m.attr("cuda_built") = true;
 #else

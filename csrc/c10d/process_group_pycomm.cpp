@@ -5,6 +5,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include "../bindings/bindings.h"
 #ifdef PYCOMM_WITH_CUDA
@@ -26,17 +27,10 @@ using FutureRef = c10::intrusive_ptr<c10::ivalue::Future>;
 // ---------------------------------------------------------------- checks
 
 comm::DType dtype_of(const at::Tensor& t, const char* op) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return comm::DType::F32;
-    case at::kDouble: return comm::DType::F64;
-    case at::kHalf: return comm::DType::F16;
-    case at::kBFloat16: return comm::DType::BF16;
-    case at::kInt: return comm::DType::I32;
-    case at::kLong: return comm::DType::I64;
-    default:
-      TORCH_CHECK_TYPE(false, "pycomm backend: ", op, " does not support dtype ", t.scalar_type(),
-                       "; supported: float32, float64, float16, bfloat16, int32, int64");
-  }
+  comm::DType d;
+  TORCH_CHECK_TYPE(bindings::scalar_to_dtype(t.scalar_type(), &d), "pycomm backend: ", op,
+                   " does not support dtype ", t.scalar_type(), "; supported: ", kernels::dtype_list());
+  return d;
 }
 
 // Describe a tensor for the engine after checking it.
@@ -345,6 +339,8 @@ std::string why_uncompressed(const at::Tensor& t, const c10d::ReduceOp& r) {
 }  // namespace
 
 WorkRef ProcessGroupPycomm::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && tensors[0].layout() == at::kSparse) return sparse_allreduce(tensors[0], opts);
+  ++seq_;
   bindings::SubmitScope submit;
   const at::Tensor& t = single(tensors, "allreduce");
   comm::AllreduceArgs a;
@@ -364,6 +360,52 @@ WorkRef ProcessGroupPycomm::allreduce(std::vector<at::Tensor>& tensors, const c1
   // async_op=False: run on this thread when the engine is idle (no hand-off to the engine thread).
   auto work = bindings::engine_of(group_).allreduce(a, keep({t}, group_), !opts.asyncOp);
   return complete(rank_, OpType::ALLREDUCE, group_, work, {t});
+}
+
+WorkRef ProcessGroupPycomm::allreduce_sparse(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  at::Tensor& t = const_cast<at::Tensor&>(single(tensors, "allreduce (sparse)"));
+  return sparse_allreduce(t, opts);
+}
+
+// A sparse COO allreduce sums, as gloo's: every rank's indices (as nnz x sparse_dim rows) and values
+// are gathered by two allgathers of any row count, concatenated and coalesced (entries at one index
+// add up); the result replaces the input tensor.
+WorkRef ProcessGroupPycomm::sparse_allreduce(at::Tensor& t, const c10d::AllreduceOptions& opts) {
+  TORCH_CHECK_VALUE(t.layout() == at::kSparse, "pycomm backend: allreduce (sparse) takes a sparse COO tensor, got ",
+                    t.layout());
+  TORCH_CHECK_VALUE(opts.reduceOp == c10d::ReduceOp::SUM, "pycomm backend: a sparse allreduce sums (ReduceOp.SUM); ",
+                    "got ReduceOp.", op_name(opts.reduceOp));
+  ++seq_;
+  const at::Tensor c = t.coalesce();
+  const at::Tensor idx = c._indices().t().contiguous();
+  const at::Tensor val = c._values().contiguous();
+  auto all_idx = std::make_shared<at::Tensor>(), all_val = std::make_shared<at::Tensor>();
+  comm::Engine& engine = bindings::engine_of(group_);
+  {
+    bindings::SubmitScope submit;
+    engine.allgather(buffer_of(idx, "allreduce (sparse indices)"), static_cast<size_t>(idx.size(0)), {idx.size(1)},
+                     [all_idx, idx](size_t rows) -> void* {
+                       *all_idx = at::empty({static_cast<int64_t>(rows), idx.size(1)}, idx.options());
+                       return all_idx->data_ptr();
+                     },
+                     "", keep({idx}, group_));
+  }
+  bindings::SubmitScope submit;
+  std::vector<int64_t> row(val.sizes().begin() + 1, val.sizes().end());
+  auto work = engine.allgather(buffer_of(val, "allreduce (sparse values)"), static_cast<size_t>(val.size(0)), row,
+                               [all_val, val](size_t rows) -> void* {
+                                 std::vector<int64_t> shape(val.sizes().begin(), val.sizes().end());
+                                 shape[0] = static_cast<int64_t>(rows);
+                                 *all_val = at::empty(shape, val.options());
+                                 return all_val->data_ptr();
+                               },
+                               "", keep({val}, group_));
+  at::Tensor out = t;
+  const std::vector<int64_t> sizes = t.sizes().vec();
+  return complete(rank_, OpType::ALLREDUCE, group_, work, {t}, [all_idx, all_val, out, sizes]() mutable {
+    TORCH_CHECK(all_idx->defined() && all_val->defined(), "pycomm backend: sparse allreduce: the gather failed");
+    out.copy_(at::sparse_coo_tensor(all_idx->t(), *all_val, sizes).coalesce());
+  });
 }
 
 // PYCOMM_COMPRESSION: the engine's compressed allreduce (compressed_allreduce.h),
@@ -406,6 +448,7 @@ WorkRef ProcessGroupPycomm::compressed_allreduce(const at::Tensor& t, bool avera
 }
 
 WorkRef ProcessGroupPycomm::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  ++seq_;
   bindings::SubmitScope submit;
   const at::Tensor& t = single(tensors, "broadcast");
   TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < size_, "pycomm backend: broadcast root ", opts.rootRank,
@@ -416,6 +459,7 @@ WorkRef ProcessGroupPycomm::broadcast(std::vector<at::Tensor>& tensors, const c1
 }
 
 WorkRef ProcessGroupPycomm::_allgather_base(at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions&) {
+  ++seq_;
   bindings::SubmitScope submit;
   comm::Buffer in = buffer_of(input, "all_gather_into_tensor");
   buffer_of(output, "all_gather_into_tensor");
@@ -469,6 +513,7 @@ WorkRef ProcessGroupPycomm::allgather(std::vector<std::vector<at::Tensor>>& outp
 
 WorkRef ProcessGroupPycomm::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::ReduceScatterOptions& opts) {
+  ++seq_;
   bindings::SubmitScope submit;
   comm::ReduceScatterArgs a;
   a.input = buffer_of(input, "reduce_scatter_tensor");
@@ -512,6 +557,7 @@ WorkRef ProcessGroupPycomm::reduce_scatter(std::vector<at::Tensor>& outputs,
 
 WorkRef ProcessGroupPycomm::alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
                                          std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) {
+  ++seq_;
   bindings::SubmitScope submit;
   comm::AlltoallArgs a;
   a.input = buffer_of(input, "all_to_all_single");
@@ -595,12 +641,163 @@ WorkRef ProcessGroupPycomm::alltoall(std::vector<at::Tensor>& outputs, std::vect
 }
 
 WorkRef ProcessGroupPycomm::barrier(const c10d::BarrierOptions& opts) {
+  ++seq_;
   auto work = bindings::engine_of(group_).barrier(!opts.asyncOp);
   return complete(rank_, OpType::BARRIER, group_, work, {});
 }
 
+namespace {
+// The monitored barrier's messages on the point-to-point communicator: a tag user sends do not use
+// (torch's send/recv tags are small non-negative numbers; MPI guarantees tags up to 32767).
+constexpr int kMonitoredBarrierTag = 32767;
+
+// Poll `req` until it completes or `deadline` passes; a request still open is cancelled. True if done.
+bool wait_until(MPI_Request* req, std::chrono::steady_clock::time_point deadline) {
+  for (;;) {
+    int done = 0;
+    PYCOMM_MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
+    if (done) return true;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      PYCOMM_MPI_CHECK(MPI_Cancel(req));
+      PYCOMM_MPI_CHECK(MPI_Wait(req, MPI_STATUS_IGNORE));
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+}  // namespace
+
+void ProcessGroupPycomm::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  // Point-to-point on the backend's own communicator, not through the engine: a rank stuck in an
+  // engine operation is exactly what this names.
+  const auto timeout = opts.timeout == c10d::kUnsetTimeout ? std::chrono::milliseconds(30 * 60 * 1000) : opts.timeout;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  char byte = 1;
+  if (rank_ != 0) {
+    PYCOMM_MPI_CHECK(MPI_Send(&byte, 1, MPI_CHAR, 0, kMonitoredBarrierTag, p2p_));
+    MPI_Request ack;
+    PYCOMM_MPI_CHECK(MPI_Irecv(&byte, 1, MPI_CHAR, 0, kMonitoredBarrierTag, p2p_, &ack));
+    TORCH_CHECK(wait_until(&ack, deadline), "Rank ", rank_, " (pycomm backend): rank 0 did not release the ",
+                "monitoredBarrier in ", timeout.count(), " ms; rank 0 names the ranks that did not arrive");
+    return;
+  }
+  std::vector<MPI_Request> reqs(static_cast<size_t>(size_), MPI_REQUEST_NULL);
+  std::vector<char> bytes(static_cast<size_t>(size_));
+  for (int r = 1; r < size_; ++r)
+    PYCOMM_MPI_CHECK(MPI_Irecv(&bytes[r], 1, MPI_CHAR, r, kMonitoredBarrierTag, p2p_, &reqs[r]));
+  std::vector<int> late;
+  for (int r = 1; r < size_; ++r) {
+    // As gloo: rank 0's own time ran out before it came to wait for rank r.
+    int arrived = 0;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      PYCOMM_MPI_CHECK(MPI_Test(&reqs[r], &arrived, MPI_STATUS_IGNORE));
+      if (!arrived) {
+        for (int k = r; k < size_; ++k) wait_until(&reqs[k], deadline);  // cancels the open receives
+        TORCH_CHECK(false, "Rank 0 timed out in monitoredBarrier after ", timeout.count(), " ms (pycomm backend); "
+                    "rank ", r, " had not arrived");
+      }
+    }
+    if (!arrived && !wait_until(&reqs[r], deadline)) late.push_back(r);
+  }
+  if (late.empty()) {
+    for (int r = 1; r < size_; ++r) PYCOMM_MPI_CHECK(MPI_Send(&byte, 1, MPI_CHAR, r, kMonitoredBarrierTag, p2p_));
+    return;
+  }
+  // gloo's wording, so that code matching gloo's message matches this one.
+  std::ostringstream names;
+  const size_t shown = waitAllRanks ? late.size() : 1;
+  for (size_t i = 0; i < shown; ++i) names << (i ? ", " : "") << late[i];
+  TORCH_CHECK(false, shown > 1 ? "Ranks " : "Rank ", names.str(), " failed to pass monitoredBarrier in ",
+              timeout.count(), " ms (pycomm backend)");
+}
+
+namespace {
+// Work whose future completes once `inner` has completed and `post` (copies into the caller's
+// tensors, on the engine thread) has run.
+WorkRef then_copy(int rank, OpType type, int64_t group, const WorkRef& inner, std::vector<at::Tensor> outs,
+                  std::function<void()> post) {
+  FutureRef future = make_future(outs);
+  c10::static_intrusive_pointer_cast<PycommWork>(inner)->getFuture()->addCallback(
+      [future, outs, post](c10::ivalue::Future& f) {
+        if (f.hasError()) return future->setError(f.exception_ptr());
+        try {
+          post();
+        } catch (...) {
+          return future->setError(std::current_exception());
+        }
+        future->markCompleted(c10::IValue(outs));
+      });
+  return c10::make_intrusive<PycommWork>(rank, type, std::move(outs), future, group);
+}
+
+// The tensors of a coalesced call flattened into one buffer: one dtype and device, like gloo's.
+at::Tensor flatten_all(const std::vector<at::Tensor>& tensors, const char* op) {
+  TORCH_CHECK_VALUE(!tensors.empty(), "pycomm backend: ", op, " needs at least one tensor");
+  std::vector<at::Tensor> flat;
+  for (const auto& t : tensors) {
+    TORCH_CHECK_TYPE(t.scalar_type() == tensors[0].scalar_type() && t.device() == tensors[0].device(),
+                     "pycomm backend: ", op, " needs tensors of one dtype and device, got ", tensors[0].scalar_type(),
+                     " on ", tensors[0].device(), " and ", t.scalar_type(), " on ", t.device());
+    TORCH_CHECK_VALUE(t.layout() == at::kStrided, "pycomm backend: ", op, " supports dense tensors only");
+    flat.push_back(t.reshape({-1}));
+  }
+  return at::cat(flat);
+}
+}  // namespace
+
+WorkRef ProcessGroupPycomm::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                               const c10d::AllreduceCoalescedOptions& opts) {
+  at::Tensor flat = flatten_all(tensors, "allreduce_coalesced");
+  std::vector<at::Tensor> flats{flat};
+  c10d::AllreduceOptions o;
+  o.reduceOp = opts.reduceOp;
+  o.timeout = opts.timeout;
+  o.asyncOp = opts.asyncOp;
+  WorkRef inner = allreduce(flats, o);
+  std::vector<at::Tensor> outs = tensors;
+  return then_copy(rank_, OpType::ALLREDUCE_COALESCED, group_, inner, outs, [outs, flat] {
+    int64_t offset = 0;
+    for (const auto& t : outs) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  });
+}
+
+WorkRef ProcessGroupPycomm::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                               std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  // outputs[r][j] receives inputs[j] of rank r: one allgather of every input flattened together.
+  at::Tensor in = flatten_all(inputs, "allgather_coalesced");
+  TORCH_CHECK_VALUE(outputs.size() == static_cast<size_t>(size_), "pycomm backend: allgather_coalesced needs ",
+                    size_, " output lists (one per rank), got ", outputs.size());
+  for (const auto& list : outputs) {
+    TORCH_CHECK_VALUE(list.size() == inputs.size(), "pycomm backend: allgather_coalesced output lists must hold ",
+                      inputs.size(), " tensors (one per input), got ", list.size());
+    for (size_t j = 0; j < list.size(); ++j)
+      TORCH_CHECK_VALUE(list[j].numel() == inputs[j].numel() && list[j].scalar_type() == inputs[j].scalar_type(),
+                        "pycomm backend: allgather_coalesced output ", j, " must match input ", j, " (",
+                        inputs[j].numel(), " ", inputs[j].scalar_type(), "), got ", list[j].numel(), " ",
+                        list[j].scalar_type());
+  }
+  at::Tensor flat = at::empty({size_ * in.numel()}, in.options());
+  WorkRef inner = _allgather_base(flat, in, opts);
+  std::vector<at::Tensor> outs;
+  for (const auto& list : outputs) outs.insert(outs.end(), list.begin(), list.end());
+  const int64_t total = in.numel();
+  const size_t per_rank = inputs.size();
+  return then_copy(rank_, OpType::ALLGATHER_COALESCED, group_, inner, outs, [outs, flat, total, per_rank] {
+    for (size_t k = 0; k < outs.size(); ++k) {
+      const int64_t r = static_cast<int64_t>(k / per_rank);
+      int64_t offset = r * total;
+      for (size_t j = k - k % per_rank; j < k; ++j) offset += outs[j].numel();
+      outs[k].copy_(flat.narrow(0, offset, outs[k].numel()).view(outs[k].sizes()));
+    }
+  });
+}
+
 WorkRef ProcessGroupPycomm::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
   bindings::SubmitScope submit;
+  ++seq_;
   const at::Tensor& t = single(tensors, "reduce");
   comm::Buffer b = buffer_of(t, "reduce");
   TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < size_, "pycomm backend: reduce root ", opts.rootRank,
@@ -636,6 +833,7 @@ WorkRef ProcessGroupPycomm::reduce(std::vector<at::Tensor>& tensors, const c10d:
 WorkRef ProcessGroupPycomm::gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                   const c10d::GatherOptions& opts) {
   bindings::SubmitScope submit;
+  ++seq_;
   const at::Tensor& input = single(inputs, "gather");
   buffer_of(input, "gather");
   TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < size_, "pycomm backend: gather root ", opts.rootRank,
@@ -685,6 +883,7 @@ WorkRef ProcessGroupPycomm::gather(std::vector<std::vector<at::Tensor>>& outputs
 WorkRef ProcessGroupPycomm::scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                                    const c10d::ScatterOptions& opts) {
   bindings::SubmitScope submit;
+  ++seq_;
   const at::Tensor& output = single(outputs, "scatter");
   buffer_of(output, "scatter");
   TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < size_, "pycomm backend: scatter root ", opts.rootRank,

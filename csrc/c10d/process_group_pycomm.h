@@ -54,6 +54,8 @@ class ProcessGroupPycomm : public c10d::Backend {
                                            const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
@@ -77,17 +79,34 @@ class ProcessGroupPycomm : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // Several tensors in one engine operation: flattened into one buffer (same dtype and device),
+  // reduced or gathered once, copied back (docs/compatibility.md).
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  // gloo's monitored barrier: rank 0 waits up to opts.timeout for every rank and names the ranks
+  // that did not arrive (the first one; all of them with waitAllRanks). torch's
+  // dist.monitored_barrier() accepts gloo only; call it as
+  // group._get_backend(torch.device("cpu")).monitored_barrier(timeout, wait_all_ranks).
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
+  // The group's collective count, the same on every rank (starts at 0 when the group is made).
+  void setSequenceNumberForGroup() override { seq_ = 0; }
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
  private:
   c10::intrusive_ptr<c10d::Work> compressed_allreduce(const at::Tensor& t, bool average, bool blocking);
+  c10::intrusive_ptr<c10d::Work> sparse_allreduce(at::Tensor& t, const c10d::AllreduceOptions& opts);
 
   int64_t group_;
   MPI_Comm p2p_;
   int compression_ = 0;  // comm::Compression, 0 = none
   std::atomic<bool> warned_{false};  // the one "sent uncompressed" warning
+  std::atomic<uint64_t> seq_{0};      // collectives submitted on this group (getSequenceNumberForGroup)
   std::mutex sites_mu_;  // callers may submit from several threads (DDP's autograd threads)
   CallSites sites_;
   std::map<Site, Residual> residuals_;

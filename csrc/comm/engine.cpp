@@ -619,7 +619,8 @@ Engine::Op Engine::allreduce_op(const AllreduceArgs& args, std::shared_ptr<void>
     throw CommError("allreduce: input and out must be on the same device");
   Op op;
   op.work = std::make_shared<Work>("allreduce " + args.name, std::move(keepalive));
-  op.sig = Signature::of(Collective::ALLREDUCE, args.input, flat_shape(args.input), args.name);
+  op.sig = Signature::of(Collective::ALLREDUCE, args.input, args.shape.empty() ? flat_shape(args.input) : args.shape,
+                         args.name);
   op.sig.op = static_cast<int32_t>(args.op);
   op.sig.extra = args.average ? 1 : 0;
   op.sig.algorithm = static_cast<int32_t>(args.algorithm);

@@ -98,6 +98,9 @@ struct AllreduceArgs {
   bool average = false;
   Algorithm algorithm = Algorithm::AUTO;
   std::string name;
+  // The tensor's shape, compared between ranks: the same element count in another shape is an error
+  // (Horovod's rule). Empty: compared as a flat buffer of input.count elements (torch's c10d).
+  std::vector<int64_t> shape;
 };
 
 // Reduce-scatter: `input` (shape `shape`) is cut into N segments,

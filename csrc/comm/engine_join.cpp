@@ -56,6 +56,14 @@ void fill_identity(void* p, size_t n, DType dtype, ReduceOp op) {
     case DType::I64:
       return fill_with<int64_t>(p, n, mn ? std::numeric_limits<int64_t>::max()
                                          : mx ? std::numeric_limits<int64_t>::min() : 1);
+    case DType::U8: return fill_with<uint8_t>(p, n, mn ? 0xFF : mx ? 0 : 1);
+    case DType::I8:
+      return fill_with<int8_t>(p, n, mn ? std::numeric_limits<int8_t>::max()
+                                        : mx ? std::numeric_limits<int8_t>::min() : 1);
+    case DType::I16:
+      return fill_with<int16_t>(p, n, mn ? std::numeric_limits<int16_t>::max()
+                                         : mx ? std::numeric_limits<int16_t>::min() : 1);
+    case DType::BOOL: return fill_with<uint8_t>(p, n, mx ? 0 : 1);  // or: false; and (min, prod): true
   }
 }
 

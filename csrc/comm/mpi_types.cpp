@@ -36,6 +36,26 @@ void nan_op(void* in, void* inout, int* len, MPI_Datatype*) {
   kernels::reduce_cpu(inout, in, static_cast<size_t>(*len), dt, static_cast<ReduceOp>(Op));
 }
 
+// uint8, int8, int16 and bool reduce with pycomm's kernel too: Open MPI's vectorized MPI_SUM on
+// 8-bit integers saturates instead of wrapping, and bool needs or/and (reduce.h).
+constexpr int kNarrowFirst = static_cast<int>(DType::U8);
+constexpr int kNarrowCount = static_cast<int>(DType::BOOL) - kNarrowFirst + 1;
+MPI_Op g_narrow_ops[kNarrowCount][4];  // [u8, i8, i16, bool][sum, min, max, prod]
+
+template <int D, int Op>
+void narrow_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  kernels::reduce_cpu(inout, in, static_cast<size_t>(*len), static_cast<DType>(D), static_cast<ReduceOp>(Op));
+}
+
+template <int D>
+void create_narrow_ops() {
+  MPI_Op* ops = g_narrow_ops[D - kNarrowFirst];
+  PYCOMM_MPI_CHECK(MPI_Op_create(&narrow_op<D, 0>, 1, &ops[0]));
+  PYCOMM_MPI_CHECK(MPI_Op_create(&narrow_op<D, 1>, 1, &ops[1]));
+  PYCOMM_MPI_CHECK(MPI_Op_create(&narrow_op<D, 2>, 1, &ops[2]));
+  PYCOMM_MPI_CHECK(MPI_Op_create(&narrow_op<D, 3>, 1, &ops[3]));
+}
+
 }  // namespace
 
 void mpi_types_init() {
@@ -51,6 +71,10 @@ void mpi_types_init() {
   PYCOMM_MPI_CHECK(MPI_Op_create(&nan_op<0, 2>, 1, &g_nan_ops[0][1]));
   PYCOMM_MPI_CHECK(MPI_Op_create(&nan_op<1, 1>, 1, &g_nan_ops[1][0]));
   PYCOMM_MPI_CHECK(MPI_Op_create(&nan_op<1, 2>, 1, &g_nan_ops[1][1]));
+  create_narrow_ops<static_cast<int>(DType::U8)>();
+  create_narrow_ops<static_cast<int>(DType::I8)>();
+  create_narrow_ops<static_cast<int>(DType::I16)>();
+  create_narrow_ops<static_cast<int>(DType::BOOL)>();
   g_ready = true;
 }
 
@@ -66,6 +90,8 @@ void mpi_types_finalize() {
       for (auto& op : row) MPI_Op_free(&op);
     for (auto& row : g_nan_ops)
       for (auto& op : row) MPI_Op_free(&op);
+    for (auto& row : g_narrow_ops)
+      for (auto& op : row) MPI_Op_free(&op);
   }
   g_ready = false;
 }
@@ -78,6 +104,10 @@ MPI_Datatype mpi_datatype(DType dtype) {
     case DType::I64: return MPI_INT64_T;
     case DType::F16: return g_f16;
     case DType::BF16: return g_bf16;
+    case DType::U8: return MPI_UINT8_T;
+    case DType::I8: return MPI_INT8_T;
+    case DType::I16: return MPI_INT16_T;
+    case DType::BOOL: return MPI_UINT8_T;  // one byte, 0 or 1; reduced as or/and by pycomm's kernel (mpi_op)
   }
   throw CommError("mpi_datatype: unsupported dtype");
 }
@@ -87,6 +117,8 @@ MPI_Op mpi_op(DType dtype, ReduceOp op) {
     return g_half_ops[dtype == DType::F16 ? 0 : 1][static_cast<int>(op)];
   if ((dtype == DType::F32 || dtype == DType::F64) && (op == ReduceOp::MIN || op == ReduceOp::MAX))
     return g_nan_ops[dtype == DType::F32 ? 0 : 1][op == ReduceOp::MIN ? 0 : 1];
+  if (static_cast<int>(dtype) >= kNarrowFirst && static_cast<int>(dtype) < kNarrowFirst + kNarrowCount)
+    return g_narrow_ops[static_cast<int>(dtype) - kNarrowFirst][static_cast<int>(op)];
   switch (op) {
     case ReduceOp::SUM: return MPI_SUM;
     case ReduceOp::MIN: return MPI_MIN;

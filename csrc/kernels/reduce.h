@@ -1,5 +1,6 @@
-// Element-wise reductions: dst[i] = dst[i] op src[i], op = sum | min | max,
-// over f32, f64, f16, bf16, i32, i64 (the ring allreduce's kernel).
+// Element-wise reductions: dst[i] = dst[i] op src[i], op = sum | min | max | prod,
+// over every DType of dtype.h (the ring allreduce's kernel). Integers wrap
+// around; bool: sum and max are a logical or, min and prod a logical and.
 // fp16/bf16 are widened to fp32, combined, and rounded once (round to nearest even).
 // Floating min/max: min = (src < dst ? src : dst), max likewise, and NaN if
 // either is NaN (numpy.minimum/maximum). dst and src must not overlap.

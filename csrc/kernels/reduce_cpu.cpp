@@ -22,6 +22,13 @@ struct Prod { template <class T> static T apply(T a, T b) { return a * b; } };
 struct MinNaN { template <class T> static T apply(T a, T b) { return (a != a || b != b) ? a + b : (b < a ? b : a); } };
 struct MaxNaN { template <class T> static T apply(T a, T b) { return (a != a || b != b) ? a + b : (b > a ? b : a); } };
 
+// bool (one byte, 0 or 1): Op on 0/1 then back to 0/1, so sum and max are a logical or,
+// min and prod a logical and (docs/compatibility.md).
+template <class Op>
+struct Logical {
+  static uint8_t apply(uint8_t a, uint8_t b) { return Op::apply(int(a != 0), int(b != 0)) != 0; }
+};
+
 template <class T, class Op>
 PYCOMM_CPU_CLONES void reduce_native(T* __restrict dst, const T* __restrict src, size_t n) {
   simd_for(n, n * sizeof(T), [&](size_t i) { dst[i] = Op::apply(dst[i], src[i]); });
@@ -126,6 +133,13 @@ void reduce_typed(void* dst, const void* src, size_t n, DType dtype) {
     case DType::I64: return reduce_native<int64_t, Op>(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), n);
     case DType::F16: return reduce_half<OpF, false>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n);
     case DType::BF16: return reduce_half<OpF, true>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n);
+    // Narrow integers wrap around like int32/int64 (the build uses -fwrapv; the
+    // narrowing conversion back to T is modular since C++20 and in GCC/Clang before).
+    case DType::U8: return reduce_native<uint8_t, Op>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n);
+    case DType::I8: return reduce_native<int8_t, Op>(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), n);
+    case DType::I16: return reduce_native<int16_t, Op>(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), n);
+    case DType::BOOL:
+      return reduce_native<uint8_t, Logical<Op>>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n);
   }
   throw std::invalid_argument("reduce_cpu: unsupported dtype");
 }

@@ -30,6 +30,13 @@ struct BF16 {
   __device__ static uint16_t store(float v) { return cuda::float_to_bf16(v); }
 };
 
+// bool: loaded as 0/1, stored as (v != 0): sum and max give or, min and prod give and.
+struct Bool {
+  using Storage = uint8_t;
+  __device__ static int load(uint8_t v) { return v != 0; }
+  __device__ static uint8_t store(int v) { return v != 0; }
+};
+
 struct Sum { template <class T> __device__ static T apply(T a, T b) { return a + b; } };
 struct Prod { template <class T> __device__ static T apply(T a, T b) { return a * b; } };
 struct Min {
@@ -108,6 +115,10 @@ void reduce_typed(void* dst, const void* src, size_t n, DType dtype, Stream stre
     case DType::I64: return launch_reduce<Native<int64_t>, Op>(dst, src, n, stream);
     case DType::F16: return launch_reduce<F16, Op>(dst, src, n, stream);
     case DType::BF16: return launch_reduce<BF16, Op>(dst, src, n, stream);
+    case DType::U8: return launch_reduce<Native<uint8_t>, Op>(dst, src, n, stream);
+    case DType::I8: return launch_reduce<Native<int8_t>, Op>(dst, src, n, stream);
+    case DType::I16: return launch_reduce<Native<int16_t>, Op>(dst, src, n, stream);
+    case DType::BOOL: return launch_reduce<Bool, Op>(dst, src, n, stream);
   }
   throw std::invalid_argument("reduce_cuda: unsupported dtype");
 }

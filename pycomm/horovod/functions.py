@@ -7,7 +7,7 @@ import torch
 
 import pycomm
 
-from .mpi_ops import _check_root, _set_rank, allgather, broadcast_
+from .mpi_ops import _check_root, allgather, broadcast_, rank
 from .process_sets import ProcessSet, global_process_set
 
 
@@ -38,16 +38,30 @@ def broadcast_parameters(params, root_rank: int, process_set: ProcessSet = globa
 
 def broadcast_optimizer_state(optimizer, root_rank: int, model=None,
                               process_set: ProcessSet = global_process_set) -> None:
-    """Give every rank root's optimizer state (hyperparameters and buffers), matched by parameter position."""
+    """Give every rank root's optimizer state (hyperparameters and buffers), matched by parameter position.
+
+    As in Horovod, an optimizer without state yet (before its first step) gets it first: every parameter
+    that requires a gradient and has none gets a zero gradient, and the local optimizer takes one step
+    (collective-free, the same on every rank), so that buffers such as momentum exist and are broadcast.
+    """
     _check_root(root_rank, process_set, "broadcast_optimizer_state")
+    if not optimizer.state_dict()["state"]:
+        local = optimizer.optimizer if isinstance(optimizer, pycomm.DistributedOptimizer) else optimizer
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                    if isinstance(local, torch.optim.SparseAdam):
+                        p.grad = p.grad.to_sparse()
+        local.step()
     if _is_global(process_set):
         pycomm.broadcast_optimizer_state(optimizer, root=root_rank)
         return
-    mine = optimizer.state_dict() if _set_rank(process_set) == root_rank else None
+    mine = optimizer.state_dict() if rank() == root_rank else None
     if mine is not None:
         mine = {k: v for k, v in mine.items() if k != "pycomm_compression"}  # residuals are per rank
     state = broadcast_object(mine, root_rank, process_set=process_set)
-    if _set_rank(process_set) != root_rank:
+    if rank() != root_rank:
         optimizer.load_state_dict(state)
 
 
@@ -69,7 +83,7 @@ def broadcast_object(obj, root_rank: int = 0, name=None, process_set: ProcessSet
     if _is_global(process_set):
         return pycomm.broadcast_object(obj, root=root_rank)
     name = name or type(obj).__name__
-    root = _set_rank(process_set) == root_rank
+    root = rank() == root_rank
     payload, n = _to_tensor(obj) if root else (None, 0)
     length = torch.tensor([n, 0 if payload is None else payload.numel()], dtype=torch.int64)
     broadcast_(length, root_rank, name=f"broadcast_object.{name}.length", process_set=process_set)

@@ -158,6 +158,25 @@ _handles = itertools.count(1)
 _handle_map: Dict[int, tuple] = {}
 
 
+# Names of operations in flight (Horovod: a second operation with the name of one that has not
+# finished is a ValueError, raised before anything is submitted).
+_inflight: Dict[str, int] = {}
+
+
+def _named(name, what: str, start) -> int:
+    """Run `start()` (which submits and returns a handle) unless `name` is already in flight."""
+    if name:
+        other = _inflight.get(name)
+        if other is not None and other in _handle_map and not all(h.done() for h in _handle_map[other][0]):
+            raise ValueError(f"pycomm.horovod.{what}: an operation named {name!r} is still in flight (handle "
+                             f"{other}); Horovod requires a different name for each tensor being processed "
+                             "(synchronize the first one, or use another name)")
+    h = start()
+    if name:
+        _inflight[name] = h
+    return h
+
+
 def _register(handles, finish, keep=()) -> int:
     h = next(_handles)
     _handle_map[h] = (list(handles), finish, tuple(keep))
@@ -176,6 +195,8 @@ def synchronize(handle: int):
     if handle not in _handle_map:
         return None
     handles, finish, _keep = _handle_map.pop(handle)
+    for n in [n for n, h in _inflight.items() if h == handle]:
+        del _inflight[n]
     try:
         for h in handles:
             h.wait()
@@ -206,12 +227,41 @@ def _check_scales(op: int, prescale_factor, postscale_factor, what: str) -> None
                          f"hvd.Average, not to hvd.{_OP_NAMES[op]}")
 
 
+def _scaled(t, factor):
+    """t * factor out of place. Integers as Horovod scales them: in float64, truncated toward zero
+    (docs/compatibility.md); floating types in their own precision (fp16/bf16 computed in fp32)."""
+    if t.dtype.is_floating_point:
+        return t * factor
+    return (t.to(torch.float64) * factor).to(t.dtype)
+
+
+def _scale_(t, factor) -> None:
+    """t *= factor in place, with _scaled's arithmetic."""
+    if t.dtype.is_floating_point:
+        t.mul_(factor)
+    else:
+        t.copy_(_scaled(t, factor))
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _int_average(op: int, dtype, postscale_factor, n: int):
+    """Horovod's Average: a Sum, then the result times postscale/n (integers in float64, truncated),
+    n the set's size also while ranks have joined (they add zeros). Returns (op, postscale) to run.
+    fp16/bf16 keep pycomm's op='avg', which divides before the sum (a sum of large fp16 values
+    overflows before a later division could help)."""
+    if op == Average and dtype not in _HALF:
+        return Sum, postscale_factor / n
+    return op, postscale_factor
+
+
 def _prepare(tensor, output, prescale_factor):
     """The source the engine reads (prescaled; in place: `output` itself) and the contiguous tensor it
     writes (`output`, or a contiguous stand-in copied back by the finisher)."""
     src = tensor.detach()
     if prescale_factor != 1.0:
-        src = src * prescale_factor
+        src = _scaled(src, prescale_factor)
         if output is tensor:
             with torch.no_grad():
                 output.copy_(src)
@@ -228,9 +278,7 @@ def _allreduce_start(tensor, output, name, op, prescale_factor, postscale_factor
     group = _group(process_set, what)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"pycomm.horovod.{what}: expected a torch.Tensor, got {type(tensor).__name__}")
-    if op == Average and not tensor.dtype.is_floating_point:
-        raise TypeError(f"pycomm.horovod.{what}: hvd.Average needs a floating-point tensor, got "
-                        f"{str(tensor.dtype).replace('torch.', '')}; use op=hvd.Sum and divide yourself")
+    op, postscale_factor = _int_average(op, tensor.dtype, postscale_factor, _set_size(process_set))
     if op == Product:
         n = process_set.size() if process_set is not None else size()
         flat = tensor.detach().reshape(1, -1).contiguous()
@@ -250,7 +298,7 @@ def _allreduce_start(tensor, output, name, op, prescale_factor, postscale_factor
             if out is not output:
                 output.copy_(out)
             if postscale_factor != 1.0:
-                output.mul_(postscale_factor)
+                _scale_(output, postscale_factor)
         return output
 
     return _register([h], finish, (src, out, output))
@@ -261,14 +309,16 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     """Start an out-of-place allreduce; ``synchronize(handle)`` returns the result (input untouched)."""
     op = _resolve_op(average, op, "allreduce_async")
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    return _allreduce_start(tensor, output, name, op, prescale_factor, postscale_factor, process_set)
+    return _named(name, "allreduce_async", lambda: _allreduce_start(tensor, output, name, op, prescale_factor,
+                                                                     postscale_factor, process_set))
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set: ProcessSet = global_process_set) -> int:
     """Start an in-place allreduce; ``synchronize(handle)`` returns `tensor`."""
     op = _resolve_op(average, op, "allreduce_async_")
-    return _allreduce_start(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)
+    return _named(name, "allreduce_async_", lambda: _allreduce_start(tensor, tensor, name, op, prescale_factor,
+                                                                      postscale_factor, process_set))
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -325,12 +375,17 @@ def _grouped_start(tensors, outputs, name, op, prescale_factor, postscale_factor
         return _register_group([_allreduce_start(t, o, f"{name}.{i}" if name else None, op, prescale_factor,
                                                  postscale_factor, process_set)
                                 for i, (t, o) in enumerate(zip(tensors, outputs))])
+    if op == Average:
+        halves = [t.dtype in _HALF for t in tensors]
+        if not any(halves):  # Horovod's Average (_int_average): one sum, then postscale / n
+            op, postscale_factor = Sum, postscale_factor / _set_size(process_set)
+        elif not all(halves):  # fp16/bf16 mixed with other dtypes: each tensor on its own path
+            return _register_group([_allreduce_start(t, o, f"{name}.{i}" if name else None, op, prescale_factor,
+                                                     postscale_factor, process_set)
+                                    for i, (t, o) in enumerate(zip(tensors, outputs))])
     group = _group(process_set, what)
     srcs, outs = [], []
     for t, output in zip(tensors, outputs):
-        if op == Average and not t.dtype.is_floating_point:
-            raise TypeError(f"pycomm.horovod.{what}: hvd.Average needs floating-point tensors, got "
-                            f"{str(t.dtype).replace('torch.', '')}; use op=hvd.Sum and divide yourself")
         src, out = _prepare(t, output, prescale_factor)
         srcs.append(src)
         outs.append(out)
@@ -344,7 +399,7 @@ def _grouped_start(tensors, outputs, name, op, prescale_factor, postscale_factor
                 if out is not output:
                     output.copy_(out)
                 if postscale_factor != 1.0:
-                    output.mul_(postscale_factor)
+                    _scale_(output, postscale_factor)
         return list(outputs)
 
     return _register([h], finish, (srcs, outs, outputs))
@@ -400,9 +455,12 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 def allgather_async(tensor, name=None, process_set: ProcessSet = global_process_set) -> int:
     """Start an allgather (concatenation along dim 0, first dimensions may differ)."""
-    src = tensor.detach().contiguous()
-    h = pycomm.allgather_async(src, name=name, group=_group(process_set, "allgather"))
-    return _register([h], h.wait, (src,))
+    def start():
+        src = tensor.detach().contiguous()
+        h = pycomm.allgather_async(src, name=name, group=_group(process_set, "allgather"))
+        return _register([h], h.wait, (src,))
+
+    return _named(name, "allgather_async", start)
 
 
 class _Allgather(torch.autograd.Function):
@@ -427,6 +485,58 @@ def allgather(tensor, name=None, process_set: ProcessSet = global_process_set):
     return _Allgather.apply(tensor, name, process_set)
 
 
+def grouped_allgather_async(tensors, name=None, process_set: ProcessSet = global_process_set) -> int:
+    """Start an allgather of every tensor of the list (queued together); synchronize returns the list."""
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"pycomm.horovod.grouped_allgather: expected a list of tensors, got {type(tensors).__name__}")
+    group = _group(process_set, "grouped_allgather")
+    srcs, handles = [], []
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"pycomm.horovod.grouped_allgather: expected torch.Tensors, got {type(t).__name__}")
+        if t.dim() == 0:
+            raise ValueError("pycomm.horovod.grouped_allgather: a tensor is a scalar; give it at least one dimension")
+        src = t.detach().contiguous()
+        srcs.append(src)
+        handles.append(pycomm.allgather_async(src, name=f"{name}.{i}" if name else None, group=group))
+    return _register(handles, lambda: [h.wait() for h in handles], srcs)
+
+
+def grouped_allgather(tensors, name=None, process_set: ProcessSet = global_process_set):
+    """allgather of every tensor of the list (queued together); differentiable; returns a list."""
+    if isinstance(tensors, (list, tuple)) and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+        return [allgather(t, f"{name}.{i}" if name else None, process_set) for i, t in enumerate(tensors)]
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
+
+
+def sparse_allreduce_async(tensor, name, op, process_set: ProcessSet = global_process_set):
+    """Start the allreduce of a sparse COO tensor as Horovod does it: an allgather of every rank's
+    indices and values; the result holds all of them (entries at the same index add up when it is
+    coalesced), values divided by the set's size for hvd.Average. Returns a function that waits and
+    returns the sparse result (Horovod's handle for this call)."""
+    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
+        raise TypeError("pycomm.horovod.sparse_allreduce_async: expected a sparse COO tensor, got "
+                        f"{getattr(tensor, 'layout', type(tensor).__name__)}")
+    op = _resolve_op(None, op, "sparse_allreduce_async")
+    if op not in (Sum, Average):
+        raise ValueError("pycomm.horovod.sparse_allreduce_async: op must be hvd.Average or hvd.Sum")
+    # allgather concatenates along dim 0: indices go as (nnz, sparse_dim) rows.
+    hi = allgather_async(tensor._indices().t().contiguous(), name=f"{name}.indices" if name else None,
+                         process_set=process_set)
+    hv = allgather_async(tensor._values().contiguous(), name=f"{name}.values" if name else None,
+                         process_set=process_set)
+    n = _set_size(process_set)
+
+    def result():
+        values = synchronize(hv)
+        indices = synchronize(hi)
+        if op == Average:
+            values = values / n
+        return torch.sparse_coo_tensor(indices.t(), values, tensor.size())
+
+    return result
+
+
 def _set_rank(process_set) -> int:
     return rank() if process_set is None or process_set is global_process_set else process_set.rank()
 
@@ -437,30 +547,47 @@ def _set_size(process_set) -> int:
 
 # -- broadcast -------------------------------------------------------------------
 
-def _check_root(root_rank, process_set, what):
-    n = _set_size(process_set)
-    if not isinstance(root_rank, int) or isinstance(root_rank, bool) or not 0 <= root_rank < n:
+def _check_root(root_rank, process_set, what) -> int:
+    """Horovod numbers root_rank in the world (also with a process set); returns its rank within the set."""
+    if process_set is None or process_set is global_process_set:
+        members = list(range(size()))
+    else:
+        _group(process_set, what)
+        members = process_set.ranks
+    if not isinstance(root_rank, int) or isinstance(root_rank, bool) or root_rank not in members:
         raise ValueError(f"pycomm.horovod.{what}: root_rank={root_rank!r} is not a rank of the process set "
-                         f"(0..{n - 1})")
+                         f"(world ranks {members[0]}..{members[-1]})" if len(members) > 1 and
+                         members == list(range(members[0], members[-1] + 1)) else
+                         f"pycomm.horovod.{what}: root_rank={root_rank!r} is not a rank of the process set "
+                         f"(world ranks {members})")
+    return members.index(root_rank)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set: ProcessSet = global_process_set) -> int:
     """Start an in-place broadcast from `root_rank`."""
-    _check_root(root_rank, process_set, "broadcast_async_")
+    root = _check_root(root_rank, process_set, "broadcast_async_")
     if not tensor.is_contiguous():
         raise ValueError(f"pycomm.horovod.broadcast_: tensor{' ' + repr(name) if name else ''} is not contiguous; "
                          "pass tensor.contiguous() (the in-place result must land in the same memory)")
     data = tensor.detach()
-    h = pycomm.broadcast_async(data, root=root_rank, name=name, group=_group(process_set, "broadcast"))
-    return _register([h], lambda: tensor, (data, tensor))
+
+    def start():
+        h = pycomm.broadcast_async(data, root=root, name=name, group=_group(process_set, "broadcast"))
+        return _register([h], lambda: tensor, (data, tensor))
+
+    return _named(name, "broadcast_async_", start)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set: ProcessSet = global_process_set) -> int:
     """Start an out-of-place broadcast; the input is not modified."""
-    _check_root(root_rank, process_set, "broadcast_async")
+    root = _check_root(root_rank, process_set, "broadcast_async")
     out = tensor.detach().clone(memory_format=torch.contiguous_format)
-    h = pycomm.broadcast_async(out, root=root_rank, name=name, group=_group(process_set, "broadcast"))
-    return _register([h], lambda: out, (out,))
+
+    def start():
+        h = pycomm.broadcast_async(out, root=root, name=name, group=_group(process_set, "broadcast"))
+        return _register([h], lambda: out, (out,))
+
+    return _named(name, "broadcast_async", start)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set: ProcessSet = global_process_set):
@@ -476,7 +603,7 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         grad = allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
-        if _set_rank(ctx.process_set) != ctx.root:
+        if rank() != ctx.root:  # root_rank is a world rank
             grad = torch.zeros_like(grad)
         return grad, None, None, None
 
@@ -539,25 +666,60 @@ def alltoall(tensor, splits=None, name=None, process_set: ProcessSet = global_pr
 
 # -- reducescatter ----------------------------------------------------------------
 
+def _reducescatter_start(tensors, name, op, process_set, prescale_factor, postscale_factor, what) -> int:
+    """Start a reduce-scatter of each tensor of `tensors` (one submission each, queued together);
+    the handle's result is the list of this rank's parts."""
+    op = _resolve_op(None, op, what)
+    if op not in (Sum, Average, Min, Max):
+        raise ValueError(f"pycomm.horovod.{what}: op=hvd.{_OP_NAMES[op]} is not supported; use Average, "
+                         "Sum, Min or Max")
+    _check_scales(op, prescale_factor, postscale_factor, what)
+    group = _group(process_set, what)
+    n = _set_size(process_set)
+    handles, posts, srcs = [], [], []
+    for i, tensor in enumerate(tensors):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"pycomm.horovod.{what}: expected a torch.Tensor, got {type(tensor).__name__}")
+        t_op, post = _int_average(op, tensor.dtype, postscale_factor, n)
+        src = tensor.detach()
+        if prescale_factor != 1.0:
+            src = _scaled(src, prescale_factor)
+        src = src.contiguous()
+        sub = None if not name else (name if len(tensors) == 1 else f"{name}.{i}")
+        handles.append(pycomm.reduce_scatter_async(src, op=_PYCOMM_OP[t_op], name=sub, group=group))
+        posts.append(post)
+        srcs.append(src)
+
+    def finish():
+        outs = []
+        for h, post in zip(handles, posts):
+            out = h.wait()
+            if post != 1.0:
+                _scale_(out, post)
+            outs.append(out)
+        return outs
+
+    return _register(handles, finish, srcs)
+
+
 def reducescatter_async(tensor, name=None, op=Average, process_set: ProcessSet = global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0) -> int:
     """Start a reduce-scatter: rank r gets the reduction of rows part r (torch.tensor_split's cut)."""
-    op = _resolve_op(None, op, "reducescatter")
-    if op not in (Sum, Average, Min, Max):
-        raise ValueError(f"pycomm.horovod.reducescatter: op=hvd.{_OP_NAMES[op]} is not supported; use Average, "
-                         "Sum, Min or Max")
-    _check_scales(op, prescale_factor, postscale_factor, "reducescatter")
-    src = tensor.detach()
-    if prescale_factor != 1.0:
-        src = src * prescale_factor
-    src = src.contiguous()
-    h = pycomm.reduce_scatter_async(src, op=_PYCOMM_OP[op], name=name, group=_group(process_set, "reducescatter"))
+    h = _named(name, "reducescatter_async", lambda: _reducescatter_start(
+        [tensor], name, op, process_set, prescale_factor, postscale_factor, "reducescatter"))
+    handles, finish, keep = _handle_map[h]
+    _handle_map[h] = (handles, lambda: finish()[0], keep)
+    return h
 
-    def finish():
-        out = h.wait()
-        return out.mul_(postscale_factor) if postscale_factor != 1.0 else out
 
-    return _register([h], finish, (src,))
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set: ProcessSet = global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0) -> int:
+    """Start a reduce-scatter of every tensor of the list; synchronize returns the list of parts."""
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"pycomm.horovod.grouped_reducescatter: expected a list of tensors, got "
+                        f"{type(tensors).__name__}")
+    return _reducescatter_start(list(tensors), name, op, process_set, prescale_factor, postscale_factor,
+                                "grouped_reducescatter")
 
 
 class _Reducescatter(torch.autograd.Function):
@@ -571,7 +733,10 @@ class _Reducescatter(torch.autograd.Function):
         if ctx.op not in (Sum, Average):
             raise RuntimeError(f"pycomm.horovod.reducescatter: no gradient for op=hvd.{_OP_NAMES[ctx.op]}")
         grad = synchronize(allgather_async(grad_output.contiguous(), None, ctx.process_set))
-        scale = ctx.pre * ctx.post / (_set_size(ctx.process_set) if ctx.op == Average else 1)
+        # Horovod's gradient of a reducescatter: the allgather of the output gradients, times the set's
+        # size for Sum (times 1 for Average), times the scale factors -- as its allreduce gradient sums
+        # over the ranks (docs/compatibility.md).
+        scale = ctx.pre * ctx.post * (_set_size(ctx.process_set) if ctx.op == Sum else 1)
         return grad * scale if scale != 1 else grad, None, None, None, None, None
 
 
@@ -583,6 +748,22 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     compressed, ctx = compression.compress(tensor)
     out = _Reducescatter.apply(compressed, name, op, process_set, prescale_factor, postscale_factor)
     return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set: ProcessSet = global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """reducescatter of every tensor of the list (queued together); differentiable; returns a list."""
+    if _is_onebit(compression):
+        raise ValueError("pycomm.horovod.grouped_reducescatter: Compression.onebit applies to allreduce only")
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"pycomm.horovod.grouped_reducescatter: expected a list of tensors, got "
+                        f"{type(tensors).__name__}")
+    if compression is Compression.none and not any(isinstance(t, torch.Tensor) and t.requires_grad
+                                                   for t in tensors):
+        return synchronize(grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor,
+                                                       postscale_factor))
+    return [reducescatter(t, f"{name}.{i}" if name else None, compression, op, process_set, prescale_factor,
+                          postscale_factor) for i, t in enumerate(tensors)]
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:

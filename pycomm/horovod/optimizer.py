@@ -4,8 +4,10 @@ Horovod's signature and defaults; the gradient reduction is pycomm's
 (buckets reduced while backward runs, ``synchronize()``,
 ``skip_synchronize()``, ``backward_passes_per_step`` with locally summed
 gradients). Differences from Horovod, all raised rather than ignored:
-``op=hvd.Adasum`` (NotImplementedError), process sets other than the global
-one, ``groups``/``num_groups`` (pycomm buckets by size: ``bucket_mb``).
+``op=hvd.Adasum`` (NotImplementedError), ``groups``/``num_groups`` (pycomm
+buckets by size: ``bucket_mb``). ``process_set`` reduces over that set (ranks
+outside it keep their local gradients); sparse gradients follow
+``sparse_as_dense`` as in Horovod.
 ``gradient_predivide_factor`` f (Average only, as in Horovod) only moves
 where Horovod divides (by f before the sum, by N/f after it) to keep fp16
 sums in range; the result is the average either way. pycomm's average
@@ -14,13 +16,15 @@ validated and recorded but changes no value.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 import pycomm
 
 from .compression import Compression, pycomm_compression
 from .mpi_ops import Adasum, Average, Sum, _OP_NAMES
-from .process_sets import global_process_set
+from .process_sets import _group, global_process_set
 
 
 class _HorovodDistributedOptimizer(pycomm.DistributedOptimizer):
@@ -31,6 +35,20 @@ class _HorovodDistributedOptimizer(pycomm.DistributedOptimizer):
         super().__init__(optimizer, named_parameters, compression=compression,
                          backward_passes_per_step=backward_passes_per_step, op=op, **kwargs)
         self.gradient_predivide_factor = float(gradient_predivide_factor)
+
+    @property
+    def _parameter_names(self):
+        """{parameter: name} as Horovod's optimizer has it (named by position without named_parameters)."""
+        return {p: self._names[id(p)] for g in self.param_groups for p in g["params"] if id(p) in self._names}
+
+    def step(self, closure=None):
+        if self._synchronized and not self._skip_sync:
+            # Horovod's warning, word for word: its users look for it.
+            warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                          "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
+                          "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in your "
+                          "code.")
+        return super().step(closure)
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
@@ -55,10 +73,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if num_groups or groups is not None:
         raise ValueError("hvd.DistributedOptimizer: num_groups/groups are not supported; pycomm fuses gradients "
                          "into buckets by size (pass bucket_mb=)")
-    if process_set is not None and process_set is not global_process_set:
-        raise ValueError("hvd.DistributedOptimizer: pycomm reduces gradients over all ranks; process_set must be "
-                         "hvd.global_process_set")
-    del sparse_as_dense  # pycomm gradients are dense already (sparse gradients are refused by the collectives)
+    group = _group(process_set, "DistributedOptimizer")  # None: all ranks
     return _HorovodDistributedOptimizer(
         optimizer, named_parameters, pycomm_compression(compression, "DistributedOptimizer"),
-        backward_passes_per_step, "avg" if op == Average else "sum", gradient_predivide_factor, **pycomm_options)
+        backward_passes_per_step, "avg" if op == Average else "sum", gradient_predivide_factor,
+        group=group, sparse_as_dense=sparse_as_dense, **pycomm_options)

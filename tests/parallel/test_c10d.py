@@ -220,16 +220,18 @@ def test_mismatched_op_raises_on_every_rank(gloo):
 def test_unsupported_ops_and_dtypes_name_themselves(gloo):
     with pytest.raises(ValueError, match="does not support ReduceOp.BAND"):
         dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.BAND)
-    with pytest.raises(TypeError, match="all_reduce|allreduce.*dtype.*Byte|Byte"):
-        dist.all_reduce(torch.ones(3, dtype=torch.uint8))
+    with pytest.raises(TypeError, match="allreduce does not support dtype UInt32; supported: float32, float64, "
+                                       "float16, bfloat16, int32, int64, uint8, int8, int16, bool"):
+        dist.all_reduce(torch.ones(3, dtype=torch.uint32))
     with pytest.raises(TypeError, match="AVG needs a floating-point"):
         dist.all_reduce(torch.ones(3, dtype=torch.int64), op=dist.ReduceOp.AVG)
     sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.ones(2), (4,))
-    with pytest.raises(ValueError, match="pycomm backend: allreduce supports dense tensors only, got layout Sparse"):
-        dist.all_reduce(sparse)
-    n = dist.get_world_size()
-    with pytest.warns(FutureWarning), pytest.raises(RuntimeError, match="pycomm does not support allgather_coalesced"):
-        dist.all_gather_coalesced([[torch.empty(2)] for _ in range(n)], [torch.ones(2)])
+    with pytest.raises(ValueError, match="pycomm backend: a sparse allreduce sums .ReduceOp.SUM.; got ReduceOp.MAX"):
+        dist.all_reduce(sparse, op=dist.ReduceOp.MAX)
+    # (torch's dist.all_reduce_coalesced refuses mixed dtypes itself; the backend checks on its own too)
+    with pytest.raises(TypeError, match="allreduce_coalesced needs tensors of one dtype"):
+        dist.group.WORLD._get_backend(torch.device("cpu")).allreduce_coalesced(
+            [torch.ones(2), torch.ones(2, dtype=torch.float64)]).wait()
     with pytest.raises(ValueError, match="contiguous"):
         dist.all_reduce(torch.ones(4, 4).t())
     dist.barrier()
@@ -277,3 +279,81 @@ def test_cuda_all_reduce_all_gather_scatter(gloo):
             else None
         dist.scatter(s, src, src=root)
         assert torch.equal(s.cpu(), torch.full((5,), 10 * rank + root, dtype=torch.int32))
+
+
+def test_coalesced_ops_match_gloo(gloo):
+    """all_reduce_coalesced / all_gather_coalesced: one engine operation each, the same results as gloo's."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    for seed, dtype in enumerate([torch.float32, torch.int64, torch.int8]):
+        shapes = [(3,), (0,), (2, 5), (1,), (7, 3)]
+        xs = [data(40 + seed, s, dtype) if dtype != torch.int8 else data(40 + seed, s, torch.int64).to(dtype)
+              for s in shapes]
+        for op in ("SUM", "MAX", "PRODUCT"):
+            mine, ref = [x.clone() for x in xs], [x.clone() for x in xs]
+            if op == "PRODUCT":
+                mine, ref = [x % 3 - 1 for x in mine], [x % 3 - 1 for x in ref]
+            with pytest.warns(FutureWarning):
+                dist.all_reduce_coalesced(mine, op=OPS[op])
+                dist.all_reduce_coalesced(ref, op=OPS[op], group=gloo)
+            for a, b in zip(mine, ref):
+                same(a, b, dtype)
+        outs = [[torch.empty_like(x) for x in xs] for _ in range(n)]
+        refs = [[torch.empty_like(x) for x in xs] for _ in range(n)]
+        with pytest.warns(FutureWarning):
+            dist.all_gather_coalesced(outs, xs)
+            dist.all_gather_coalesced(refs, xs, group=gloo)
+        for k in range(n):
+            for a, b in zip(outs[k], refs[k]):
+                assert torch.equal(a, b)
+            assert torch.equal(outs[k][2], data(40 + seed, (2, 5), torch.int64, rank=k).to(dtype)
+                               if dtype == torch.int8 else data(40 + seed, (2, 5), dtype, rank=k))
+
+
+def test_sparse_all_reduce_matches_gloo(gloo):
+    n, r = dist.get_world_size(), dist.get_rank()
+    g = torch.Generator().manual_seed(97 + r)
+    for shape, nnz in (((11,), 4), ((9, 6), 7 + r), ((5, 4, 3), 0 if r == 0 else 3)):
+        idx = torch.stack([torch.randint(0, s, (nnz,), generator=g) for s in shape[:1]])
+        val = torch.randn((nnz,) + tuple(shape[1:]), generator=g, dtype=torch.float64)
+        x = torch.sparse_coo_tensor(idx, val, shape)  # uncoalesced: repeated indices add up
+        mine, ref = x.clone(), x.clone()
+        dist.all_reduce(mine)
+        dist.all_reduce(ref, group=gloo)
+        assert mine.is_sparse
+        assert torch.allclose(mine.to_dense(), ref.to_dense(), rtol=0, atol=1e-12)
+        total = x.to_dense()  # and the dense sum, an independent reference
+        dist.all_reduce(total, group=gloo)
+        assert torch.allclose(mine.to_dense(), total, rtol=0, atol=1e-12)
+
+
+def test_sequence_numbers_agree_and_count_collectives(gloo, comm):
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    before = backend._get_sequence_number_for_group()
+    x = torch.ones(5)
+    dist.all_reduce(x)
+    dist.broadcast(x, src=0)
+    dist.barrier()
+    after = backend._get_sequence_number_for_group()
+    assert after == before + 3
+    assert len(set(comm.allgather(after))) == 1
+
+
+def test_monitored_barrier_names_the_late_rank(gloo):
+    """gloo's monitored barrier on pycomm's backend (torch's dist.monitored_barrier accepts gloo only)."""
+    import datetime
+    import time
+
+    n, r = dist.get_world_size(), dist.get_rank()
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    backend.monitored_barrier(datetime.timedelta(seconds=30))
+    backend.monitored_barrier(datetime.timedelta(seconds=30), wait_all_ranks=True)
+    if n == 1:
+        return
+    late = n - 1
+    if r == late:
+        time.sleep(2.0)
+    expected = (f"Rank {late} failed to pass monitoredBarrier in 500 ms" if r == 0 else
+                "rank 0 did not release the monitoredBarrier in 500 ms")
+    with pytest.raises(RuntimeError, match=expected):
+        backend.monitored_barrier(datetime.timedelta(milliseconds=500))
+    dist.barrier(group=gloo)

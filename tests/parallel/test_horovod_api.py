@@ -69,8 +69,8 @@ def test_allreduce_product_and_scales():
         hvd.allreduce(x, op=hvd.Adasum)
     with pytest.raises(ValueError, match="either op= or the deprecated average="):
         hvd.allreduce(x, average=True, op=hvd.Sum)
-    with pytest.raises(TypeError, match="hvd.Average needs a floating-point tensor"):
-        hvd.allreduce(torch.ones(3, dtype=torch.int32))
+    # Integer Average is Horovod's: the sum times 1/N in float64, truncated (tests/parallel/test_dtypes.py).
+    assert torch.equal(hvd.allreduce(torch.full((3,), 7, dtype=torch.int32)), torch.full((3,), 7, dtype=torch.int32))
 
 
 def test_allreduce_inplace_async_poll_synchronize():
@@ -211,8 +211,8 @@ def test_reducescatter(op, name):
     close(y, ref, mag, torch.float64, n, "reducescatter")
     xg = x.clone().requires_grad_(True)
     hvd.reducescatter(xg, op=op).sum().backward()
-    # d/dx: ones allgathered (every row), divided by N for Average.
-    np.testing.assert_allclose(xg.grad.numpy(), np.full((rows, 2), 1.0 / (n if op == hvd.Average else 1)),
+    # Horovod's gradient: ones allgathered (every row), times N for Sum (as its allreduce gradient sums).
+    np.testing.assert_allclose(xg.grad.numpy(), np.full((rows, 2), float(n if op == hvd.Sum else 1)),
                                rtol=1e-15)
 
 
@@ -225,8 +225,12 @@ def test_process_sets(comm):
             assert evens.size() == (n + 1) // 2 and evens.rank() == r // 2
             y = hvd.allreduce(torch.tensor([float(r)]), op=hvd.Sum, process_set=evens)
             assert y.item() == sum(range(0, n, 2))
-            b = hvd.broadcast(torch.tensor([float(r)]), root_rank=evens.size() - 1, process_set=evens)
+            # root_rank is a world rank, as in Horovod (here the set's last member).
+            b = hvd.broadcast(torch.tensor([float(r)]), root_rank=2 * (evens.size() - 1), process_set=evens)
             assert b.item() == 2 * (evens.size() - 1)
+            if n > 1:
+                with pytest.raises(ValueError, match="root_rank=1 is not a rank of the process set"):
+                    hvd.broadcast(torch.ones(1), root_rank=1, process_set=evens)
             assert hvd.allgather_object(r, process_set=evens) == list(range(0, n, 2))
             assert hvd.broadcast_object(r, root_rank=0, process_set=evens) == 0
         else:

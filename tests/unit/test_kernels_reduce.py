@@ -13,7 +13,8 @@ from pycomm import kernels as K
 @pytest.fixture(params=TARGETS)
 def target(request):
     yield from select_target(request)
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
+          torch.uint8, torch.int8, torch.int16, torch.bool]
 SIZES = [0, 1, 7, 8, 9, 31, 33, 1000, 4099, (1 << 19) + 3]
 
 
@@ -21,11 +22,15 @@ def data(n, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     if dtype.is_floating_point:
         return (torch.randn(n, generator=g, dtype=torch.float64) * 10).to(dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=g, dtype=torch.int64).bool()
+    # narrow integers take the low bits: the full range, so sums wrap (numpy's fixed-width arithmetic)
     return torch.randint(-2 ** 20, 2 ** 20, (n,), generator=g, dtype=torch.int64).to(dtype)
 
 
 def reference(a, b, op):
-    """numpy: float32 for fp16/bf16 (combined in fp32, rounded once), native otherwise."""
+    """numpy: float32 for fp16/bf16 (combined in fp32, rounded once), native otherwise (integers wrap;
+    numpy's add / minimum / maximum on bool are or / and / or, pycomm's bool semantics)."""
     fn = {"sum": np.add, "min": np.minimum, "max": np.maximum}[op]
     if a.dtype in (torch.float16, torch.bfloat16):
         return torch.from_numpy(fn(a.float().numpy(), b.float().numpy())).to(a.dtype)
@@ -51,7 +56,7 @@ def test_reduce(target, dtype, op, n):
     buf = buf.to(device)
     K.reduce_(buf[:n], b.to(device), op)
     assert same(buf[:n].cpu(), reference(a, b, op))
-    assert (buf[n:].cpu() == 42).all()
+    assert (buf[n:].cpu() == torch.full((9,), 42, dtype=dtype)).all()  # untouched past n
 
 
 @pytest.mark.parametrize("n", [0, 1, 15, 17, 5000, (1 << 19) + 1])
