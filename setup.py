@@ -132,7 +132,8 @@ def extension():
     incs, libdirs, libs, link_args, flavour = mpi_flags(find_mpicc())
     cpp = sorted(glob.glob("csrc/**/*.cpp", recursive=True))
     cuda = want_cuda()
-    cxx_flags = ["-O3", "-g0", "-std=" + cxx_standard(), "-fopenmp", "-Wall", "-Wno-unknown-pragmas"]
+    # -fvisibility=hidden as pybind11 asks: our bound classes then match its hidden internals (-Wattributes).
+    cxx_flags = ["-O3", "-g0", "-std=" + cxx_standard(), "-fvisibility=hidden", "-fopenmp", "-Wall", "-Wno-unknown-pragmas"]
     define_macros = [("PYCOMM_MPI_" + flavour.upper(), "1")]
     kwargs = dict(
         name="pycomm._C",
