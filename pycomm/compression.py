@@ -226,8 +226,12 @@ class NoCompression(Compressor):
         return _ops.allreduce_async(tensor, op=op, out=out, name=name, blocking=_blocking)
 
 
-class _EngineCompressor(Compressor):
-    """A compression that pycomm's C++ engine runs (float32 tensors, host or CUDA)."""
+class Float32Compressor(Compressor):
+    """A compression of float32 tensors on the host or a CUDA device (the engine's, and those under
+    pycomm/compressors/). ``kept_per_name``: what it keeps per tensor name, if anything; then
+    ``name=`` is required."""
+
+    kept_per_name: Optional[str] = None
 
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype == torch.float32
@@ -237,6 +241,13 @@ class _EngineCompressor(Compressor):
         if tensor.device.type not in ("cpu", "cuda"):
             raise ValueError(f"pycomm.allreduce: compression={self.name!r} handles CPU and CUDA tensors; "
                              f"tensor{_label(name)} is on {tensor.device}")
+        if self.kept_per_name and not name:
+            raise ValueError(f"pycomm.allreduce(compression={self.name!r}) needs name=: {self.kept_per_name} are "
+                             "kept per tensor name")
+
+
+class _EngineCompressor(Float32Compressor):
+    """A compression that pycomm's C++ engine runs (float32 tensors, host or CUDA)."""
 
     @staticmethod
     def _check_out(tensor, out, name) -> None:

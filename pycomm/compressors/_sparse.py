@@ -20,14 +20,15 @@ from typing import Any, Dict, Optional
 import torch
 
 from .. import _ops, kernels
-from ..compression import Compressor, InFlightByName, _label
+from ..compression import Float32Compressor, InFlightByName, _label
 from ..runtime import size
 
 
-class SparseCompressor(InFlightByName, Compressor):
+class SparseCompressor(InFlightByName, Float32Compressor):
     """Base of TopK and Threshold: per-name residuals in ``state_dict()``, K from :meth:`agreed_k`."""
 
     name = "sparse"
+    kept_per_name = "the error-feedback residuals"
 
     def __init__(self):
         self._residuals: Dict[str, torch.Tensor] = {}
@@ -79,17 +80,8 @@ class SparseCompressor(InFlightByName, Compressor):
         return r
 
     # ---- the collective ----
-    def supports(self, dtype: torch.dtype) -> bool:
-        return dtype == torch.float32
-
     def check(self, tensor, op, name) -> None:
         super().check(tensor, op, name)
-        if tensor.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"pycomm.allreduce: compression={self.name!r} handles CPU and CUDA tensors; "
-                             f"tensor{_label(name)} is on {tensor.device}")
-        if not name:
-            raise ValueError(f"pycomm.allreduce(compression={self.name!r}) needs name=: the error-feedback "
-                             "residuals are kept per tensor name")
         if tensor.numel() >= 1 << 31:
             raise ValueError(f"pycomm.allreduce: compression={self.name!r} addresses elements with int32 indices; "
                              f"tensor{_label(name)} has {tensor.numel()} (split it below 2^31)")

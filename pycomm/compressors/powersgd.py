@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .. import _C, _ops
-from ..compression import Compressor, InFlightByName, _label
+from ..compression import Float32Compressor, InFlightByName
 from ..runtime import size
 
 
@@ -74,7 +74,7 @@ class _State:
         self.layout, self.residual, self.qs = layout, residual, qs
 
 
-class PowerSGD(InFlightByName, Compressor):
+class PowerSGD(InFlightByName, Float32Compressor):
     """Rank-r PowerSGD with warm start and error feedback.
 
     rank [1]: columns of P and Q (torch's PowerSGD hook defaults to 1; Vogels
@@ -94,6 +94,7 @@ class PowerSGD(InFlightByName, Compressor):
     """
 
     name = "powersgd"
+    kept_per_name = "the residual and the warm-start Q"
 
     def __init__(self, rank: int = 1, seed: int = 0, q_group=None):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
@@ -205,18 +206,6 @@ class PowerSGD(InFlightByName, Compressor):
         return None if st is None else st.qs
 
     # ---- the collective ----
-    def supports(self, dtype: torch.dtype) -> bool:
-        return dtype == torch.float32
-
-    def check(self, tensor, op, name) -> None:
-        super().check(tensor, op, name)
-        if tensor.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"pycomm.allreduce: compression='powersgd' handles CPU and CUDA tensors; "
-                             f"tensor{_label(name)} is on {tensor.device}")
-        if not name:
-            raise ValueError("pycomm.allreduce(compression='powersgd') needs name=: the residual and the "
-                             "warm-start Q are kept per tensor name")
-
     def _wire(self, pieces: List[_Piece], world: int, rank: int) -> int:
         first = sum(p.numel if not p.compressed else min(self.rank, p.rows, p.cols) * p.rows for p in pieces)
         second = sum(min(self.rank, p.rows, p.cols) * p.cols for p in pieces if p.compressed)
