@@ -22,12 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from typing import Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+
+import study_runner  # noqa: E402  (bench/, on sys.path as the script's folder)
 LR = 0.1
 
 
@@ -175,41 +176,26 @@ def main() -> int:
     if opts.worker:
         worker(opts)
         return 0
-    os.makedirs(opts.out, exist_ok=True)
-    results = os.path.join(opts.out, "study_async.jsonl")
     if opts.report_only:
-        return write_report(results, opts)
-    if os.path.exists(results):
-        os.remove(results)
-    common = [sys.executable, os.path.abspath(__file__), "--worker", "--results", results, "--epochs",
-              str(opts.epochs), "--batch-size", str(opts.batch_size), "--eval-every", str(opts.eval_every),
-              "--seeds", *map(str, opts.seeds)]
+        return write_report(os.path.join(opts.out, "study_async.jsonl"), opts)
+    results = study_runner.fresh_results(opts.out, "study_async")
+    common = ["--worker", "--results", results, "--epochs", str(opts.epochs), "--batch-size", str(opts.batch_size),
+              "--eval-every", str(opts.eval_every), "--seeds", *map(str, opts.seeds)]
     # single: batch 16 over all samples at 1 rank = N x the steps; evaluate every N x eval_every steps
     runs = ((1, ["--single", "--eval-every", str(opts.eval_every * opts.np)]), (opts.np, []))
     for np_, extra in runs:
-        cmd = [sys.executable, "-m", "pycomm.launcher", "-np", str(np_), *common, *extra]
-        rc = subprocess.call(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        rc = study_runner.launch("study_async", np_, __file__, [*common, *extra])
         if rc != 0:
-            print(f"study_async: {' '.join(cmd)} failed with status {rc}", file=sys.stderr)
             return rc
     return write_report(results, opts)
 
 
 def write_report(results: str, opts) -> int:
-    with open(results) as f:
-        records = [json.loads(line) for line in f if line.strip()]
+    records = study_runner.read_records(results)
     for r in records:  # runs stored before the straggler spec was kept apart from the summary's record
         if isinstance(r.get("straggler"), dict):
             r["straggler"] = f"{r['straggler']['rank']}:{r['straggler']['factor']:g}"
-    table = report(records, opts)
-    with open(os.path.join(opts.out, "study_async.md"), "w") as f:
-        f.write(table)
-    with open(os.path.join(opts.out, "study_async.json"), "w") as f:
-        json.dump(records, f, indent=1)
-    plot(records, os.path.join(opts.out, "study_async.png"))
-    print()
-    print(table)
-    print(f"wrote {opts.out}/study_async.md, study_async.json, study_async.png")
+    study_runner.write_outputs(opts.out, "study_async", report(records, opts), records, plot)
     return 0
 
 

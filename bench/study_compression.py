@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from typing import Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+
+import study_runner  # noqa: E402  (bench/, on sys.path as the script's folder)
 
 SGD = ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"]
 CONFIGS: List[Dict] = [
@@ -137,28 +138,14 @@ def main() -> int:
         return 0
 
     command = "python " + " ".join(["bench/study_compression.py", *sys.argv[1:]])
-    os.makedirs(opts.out, exist_ok=True)
-    results = os.path.join(opts.out, "study_compression.jsonl")
-    if os.path.exists(results):
-        os.remove(results)
-    cmd = [sys.executable, "-m", "pycomm.launcher", "-np", str(opts.np), sys.executable, os.path.abspath(__file__),
-           "--worker", "--results", results, "--epochs", str(opts.epochs), "--batch-size", str(opts.batch_size),
-           "--seeds", *map(str, opts.seeds)]
-    rc = subprocess.call(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    results = study_runner.fresh_results(opts.out, "study_compression")
+    rc = study_runner.launch("study_compression", opts.np, __file__,
+                             ["--worker", "--results", results, "--epochs", str(opts.epochs),
+                              "--batch-size", str(opts.batch_size), "--seeds", *map(str, opts.seeds)])
     if rc != 0:
-        print(f"study_compression: {' '.join(cmd)} failed with status {rc}", file=sys.stderr)
         return rc
-    with open(results) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    table = report(records, opts, command)
-    with open(os.path.join(opts.out, "study_compression.md"), "w") as f:
-        f.write(table)
-    with open(os.path.join(opts.out, "study_compression.json"), "w") as f:
-        json.dump(records, f, indent=1)
-    plot(records, os.path.join(opts.out, "study_compression.png"))
-    print()
-    print(table)
-    print(f"wrote {opts.out}/study_compression.md, study_compression.json, study_compression.png")
+    records = study_runner.read_records(results)
+    study_runner.write_outputs(opts.out, "study_compression", report(records, opts, command), records, plot)
     return 0
 
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from typing import Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+
+import study_runner  # noqa: E402  (bench/, on sys.path as the script's folder)
 SGD = ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"]
 
 
@@ -113,27 +114,16 @@ def main() -> int:
         worker(opts)
         return 0
     command = "python " + " ".join(["bench/study_ec_dnn.py", *sys.argv[1:]])
-    os.makedirs(opts.out, exist_ok=True)
-    results = os.path.join(opts.out, "study_ec_dnn.jsonl")
-    if os.path.exists(results):
-        os.remove(results)
-    cmd = [sys.executable, "-m", "pycomm.launcher", "-np", str(opts.np), sys.executable, os.path.abspath(__file__),
-           "--worker", "--results", results, "--tau", str(opts.tau), "--epochs-large", str(opts.epochs_large),
-           "--epochs-digits", str(opts.epochs_digits), "--batch-size", str(opts.batch_size),
-           "--tasks", *opts.tasks, "--seeds", *map(str, opts.seeds)]
-    rc = subprocess.call(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    results = study_runner.fresh_results(opts.out, "study_ec_dnn")
+    rc = study_runner.launch("study_ec_dnn", opts.np, __file__,
+                             ["--worker", "--results", results, "--tau", str(opts.tau),
+                              "--epochs-large", str(opts.epochs_large), "--epochs-digits", str(opts.epochs_digits),
+                              "--batch-size", str(opts.batch_size), "--tasks", *opts.tasks,
+                              "--seeds", *map(str, opts.seeds)])
     if rc != 0:
-        print(f"study_ec_dnn: {' '.join(cmd)} failed with status {rc}", file=sys.stderr)
         return rc
-    with open(results) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    table = report(records, opts, command)
-    with open(os.path.join(opts.out, "study_ec_dnn.md"), "w") as f:
-        f.write(table)
-    with open(os.path.join(opts.out, "study_ec_dnn.json"), "w") as f:
-        json.dump(records, f, indent=1)
-    print()
-    print(table)
+    records = study_runner.read_records(results)
+    study_runner.write_outputs(opts.out, "study_ec_dnn", report(records, opts, command), records)
     return 0
 
 

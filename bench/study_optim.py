@@ -29,13 +29,14 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from typing import List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+
+import study_runner  # noqa: E402  (bench/, on sys.path as the script's folder)
 
 RUNS = ["SGD (linear scaling)", "LARS", "LAMB", "Adam", "OneBitAdam", "LARS fp16"]
 N_TRAIN, N_TEST = 16384, 10000
@@ -255,29 +256,15 @@ def main() -> int:
         return 0
     if any(b < 1 or N_TRAIN // opts.np // b < 1 for b in opts.batch_sizes):
         p.error(f"every batch size must be between 1 and {N_TRAIN // opts.np} (a rank's shard)")
-    os.makedirs(opts.out, exist_ok=True)
-    results = os.path.join(opts.out, "study_optim.jsonl")
-    if os.path.exists(results):
-        os.remove(results)
-    cmd = [sys.executable, "-m", "pycomm.launcher", "-np", str(opts.np), sys.executable, os.path.abspath(__file__),
-           "--worker", "--results", results, "--epochs", str(opts.epochs), "--seeds", *map(str, opts.seeds),
-           "--batch-sizes", *map(str, opts.batch_sizes)]
-    rc = subprocess.call(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    results = study_runner.fresh_results(opts.out, "study_optim")
+    rc = study_runner.launch("study_optim", opts.np, __file__,
+                             ["--worker", "--results", results, "--epochs", str(opts.epochs),
+                              "--seeds", *map(str, opts.seeds), "--batch-sizes", *map(str, opts.batch_sizes)])
     if rc != 0:
-        print(f"study_optim: {' '.join(cmd)} failed with status {rc}", file=sys.stderr)
         return rc
-    with open(results) as f:
-        records = [json.loads(line) for line in f if line.strip()]
+    records = study_runner.read_records(results)
     sys.path.insert(0, ROOT)
-    table = report(records, opts)
-    with open(os.path.join(opts.out, "study_optim.md"), "w") as f:
-        f.write(table)
-    with open(os.path.join(opts.out, "study_optim.json"), "w") as f:
-        json.dump(records, f, indent=1)
-    plot(records, os.path.join(opts.out, "study_optim.png"))
-    print()
-    print(table)
-    print(f"wrote {opts.out}/study_optim.md, study_optim.json, study_optim.png")
+    study_runner.write_outputs(opts.out, "study_optim", report(records, opts), records, plot)
     return 0
 
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from typing import Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+
+import study_runner  # noqa: E402  (bench/, on sys.path as the script's folder)
 
 SGD = ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"]
 ADAM = ["--optimizer", "adam", "--lr", "0.002"]
@@ -159,30 +160,15 @@ def main() -> int:
         worker(opts)
         return 0
 
-    os.makedirs(opts.out, exist_ok=True)
-    results = os.path.join(opts.out, "study_sync.jsonl")
-    if os.path.exists(results):
-        os.remove(results)
-    common = [sys.executable, os.path.abspath(__file__), "--worker", "--results", results, "--epochs",
-              str(opts.epochs), "--batch-size", str(opts.batch_size), "--sync-period", str(opts.sync_period),
-              "--seeds", *map(str, opts.seeds)]
+    results = study_runner.fresh_results(opts.out, "study_sync")
+    common = ["--worker", "--results", results, "--epochs", str(opts.epochs), "--batch-size", str(opts.batch_size),
+              "--sync-period", str(opts.sync_period), "--seeds", *map(str, opts.seeds)]
     for np_, extra in ((1, ["--single"]), (opts.np, [])):
-        cmd = [sys.executable, "-m", "pycomm.launcher", "-np", str(np_), *common, *extra]
-        rc = subprocess.call(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        rc = study_runner.launch("study_sync", np_, __file__, [*common, *extra])
         if rc != 0:
-            print(f"study_sync: {' '.join(cmd)} failed with status {rc}", file=sys.stderr)
             return rc
-    with open(results) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    table = report(records, opts)
-    with open(os.path.join(opts.out, "study_sync.md"), "w") as f:
-        f.write(table)
-    with open(os.path.join(opts.out, "study_sync.json"), "w") as f:
-        json.dump(records, f, indent=1)
-    plot(records, os.path.join(opts.out, "study_sync.png"))
-    print()
-    print(table)
-    print(f"wrote {opts.out}/study_sync.md, study_sync.json, study_sync.png")
+    records = study_runner.read_records(results)
+    study_runner.write_outputs(opts.out, "study_sync", report(records, opts), records, plot)
     return 0
 
 

@@ -1,0 +1,50 @@
+"""What bench/study_*.py share: run the study's worker under pycomm's launcher, collect the
+records each run appends to a JSON-lines file, and write the table, the records and the plot."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Callable, List, Optional, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def fresh_results(out: str, name: str) -> str:
+    """OUT/NAME.jsonl, emptied: the workers append one record per run."""
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, f"{name}.jsonl")
+    if os.path.exists(path):
+        os.remove(path)
+    return path
+
+
+def launch(name: str, np_: int, script: str, args: Sequence[str]) -> int:
+    """`python script args` on np_ ranks through pycomm-run (one OpenMP thread a rank); its exit status."""
+    cmd = [sys.executable, "-m", "pycomm.launcher", "-np", str(np_), sys.executable, os.path.abspath(script), *args]
+    rc = subprocess.call(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if rc != 0:
+        print(f"{name}: {' '.join(cmd)} failed with status {rc}", file=sys.stderr)
+    return rc
+
+
+def read_records(path: str) -> List[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_outputs(out: str, name: str, table: str, records: List[dict],
+                  plot: Optional[Callable[[List[dict], str], None]] = None) -> None:
+    """OUT/NAME.md (the table), NAME.json (the records) and, with `plot`, NAME.png; prints the table."""
+    with open(os.path.join(out, f"{name}.md"), "w") as f:
+        f.write(table)
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
+        json.dump(records, f, indent=1)
+    written = [f"{name}.md", f"{name}.json"]
+    if plot is not None:
+        plot(records, os.path.join(out, f"{name}.png"))
+        written.append(f"{name}.png")
+    print()
+    print(table)
+    print(f"wrote {out}/{', '.join(written)}")
