@@ -81,6 +81,23 @@ class InFlightByName:
         self._pending: Dict[str, Any] = {}
         self._lock = threading.Lock()
 
+    def _track(self, name: str, handle) -> None:
+        with self._lock:
+            self._pending[name] = handle
+
+    def _untrack(self, name: str, handle) -> None:
+        """A finished handle leaves the table, unless a later call of `name` replaced it."""
+        with self._lock:
+            if self._pending.get(name) is handle:
+                del self._pending[name]
+
+    def _wait_previous(self, name: str) -> None:
+        """The previous call of `name` must finish before its state is reused."""
+        with self._lock:
+            prev = self._pending.pop(name, None)
+        if prev is not None:
+            prev.wait()
+
     def _wait_pending(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, {}
@@ -245,15 +262,15 @@ class Float32Compressor(Compressor):
             raise ValueError(f"pycomm.allreduce(compression={self.name!r}) needs name=: {self.kept_per_name} are "
                              "kept per tensor name")
 
-
-class _EngineCompressor(Float32Compressor):
-    """A compression that pycomm's C++ engine runs (float32 tensors, host or CUDA)."""
-
     @staticmethod
     def _check_out(tensor, out, name) -> None:
         if out is not None and out is not tensor and out.device != tensor.device:
             raise ValueError(f"pycomm.allreduce: out is on {out.device} but tensor{_label(name)} on "
                              f"{tensor.device}; pass out on the tensor's device")
+
+
+class _EngineCompressor(Float32Compressor):
+    """A compression that pycomm's C++ engine runs (float32 tensors, host or CUDA)."""
 
     def wire_bytes(self, numel: int, world_size: int, rank: int = 0) -> int:
         return int(_C.compressed_wire_bytes(self.name, numel, world_size, rank))
@@ -468,8 +485,7 @@ class OneBit(InFlightByName, _EngineCompressor):
         r = self._residuals_for(name, tensor.numel(), size(), tensor.device)
         h = _C.compressed_allreduce_async(tensor, out, "onebit", op == "avg", r.worker, r.server, mask, name,
                                           _blocking)
-        with self._lock:
-            self._pending[name] = h
+        self._track(name, h)
         return h
 
 

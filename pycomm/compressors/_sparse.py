@@ -98,12 +98,8 @@ class SparseCompressor(InFlightByName, Float32Compressor):
 
     def allreduce_async(self, tensor, op="avg", name=None, out=None, _blocking=False):
         self.check(tensor, op, name)
-        if out is not None and out is not tensor and out.device != tensor.device:
-            raise ValueError(f"pycomm.allreduce: out is on {out.device} but tensor '{name}' on {tensor.device}")
-        with self._lock:
-            prev = self._pending.pop(name, None)
-        if prev is not None:  # the previous call of this name must finish before its residual is reused
-            prev.wait()
+        self._check_out(tensor, out, name)
+        self._wait_previous(name)
         x = tensor.detach().reshape(-1)
         if not x.is_contiguous():
             x = x.contiguous()
@@ -112,8 +108,7 @@ class SparseCompressor(InFlightByName, Float32Compressor):
         indices, values = kernels.sparse_select(x, residual, k)
         self._last_k[name] = k
         h = _Handle(name, indices, values, tensor.numel(), out if out is not None else tensor, op, self)
-        with self._lock:
-            self._pending[name] = h
+        self._track(name, h)
         if _blocking:
             h.wait()
         return h
@@ -150,7 +145,5 @@ class _Handle:
                 self._out.copy_(flat.view_as(self._out))
             self._result = self._out
         finally:
-            with self._owner._lock:
-                if self._owner._pending.get(self._name) is self:
-                    del self._owner._pending[self._name]
+            self._owner._untrack(self._name, self)
         return self._result

@@ -225,17 +225,12 @@ class PowerSGD(InFlightByName, Float32Compressor):
 
     def allreduce_async(self, tensor, op="avg", name=None, out=None, _blocking=False):
         self.check(tensor, op, name)
-        if out is not None and out is not tensor and out.device != tensor.device:
-            raise ValueError(f"pycomm.allreduce: out is on {out.device} but tensor '{name}' on {tensor.device}")
-        with self._lock:
-            prev = self._pending.pop(name, None)
-        if prev is not None:  # the previous call of this name must finish before its state is reused
-            prev.wait()
+        self._check_out(tensor, out, name)
+        self._wait_previous(name)
         st, pieces = self._state_for(name, tensor)
         self._last_pieces[name] = pieces
         h = _Handle(self, name, st, pieces, tensor, out if out is not None else tensor, op)
-        with self._lock:
-            self._pending[name] = h
+        self._track(name, h)
         if _blocking:
             h.wait()
         return h
@@ -272,9 +267,7 @@ class _Handle:
         try:
             self._finish()
         finally:
-            with self._c._lock:
-                if self._c._pending.get(self._name) is self:
-                    del self._c._pending[self._name]
+            self._c._untrack(self._name, self)
         return self._result
 
     def _finish(self) -> None:
