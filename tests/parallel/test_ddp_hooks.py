@@ -1,14 +1,13 @@
 """pycomm.ddp_hooks with torch DistributedDataParallel over gloo, ranks taken from MPI."""
-import socket
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import pycomm
+from gloo_world import start_gloo
 from pycomm import ddp_hooks as hooks
 
 PER_RANK = 6
@@ -17,18 +16,7 @@ PER_RANK = 6
 @pytest.fixture(scope="module", autouse=True)
 def gloo():
     """torch.distributed over gloo on the MPI ranks: rank 0 picks a port, mpi4py broadcasts it."""
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
-    if not dist.is_initialized():
-        port = None
-        if comm.rank == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        port = comm.bcast(port, root=0)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank,
-                                world_size=comm.size)
+    start_gloo()
     yield
 
 

@@ -1,15 +1,14 @@
 """pycomm.ddp_hooks' powersgd / topk / threshold hooks under torch DDP (gloo) against the numpy references."""
 import copy
-import socket
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import pycomm
+from gloo_world import start_gloo
 from lowrank_ref import compressed, powersgd_step
 from pycomm import ddp_hooks as hooks
 from pycomm.compressors.powersgd import PowerSGD
@@ -18,17 +17,7 @@ from sparse_ref import sparse_step, threshold_k
 
 @pytest.fixture(scope="module", autouse=True)
 def gloo():
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
-    if not dist.is_initialized():
-        port = None
-        if comm.rank == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        port = comm.bcast(port, root=0)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=comm.size)
+    start_gloo()
     yield
 
 

@@ -9,7 +9,6 @@ Each test runs on every device path this machine has:
   whichever path the MPI gives (staged or CUDA-aware), wherever torch sees a GPU.
 Results are compared with the host path on the same inputs and with float64 references.
 """
-import socket
 import time
 import zlib
 
@@ -18,6 +17,7 @@ import pytest
 import torch
 
 import pycomm
+from gloo_world import start_gloo
 from refdata import assert_close, rank_data
 
 MODES = ["staging", "direct"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -226,19 +226,7 @@ def test_fusion_threshold_and_the_cached_buffer(mode):
 
 @pytest.fixture(scope="module")
 def gloo():
-    import torch.distributed as dist
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
-    if not dist.is_initialized():
-        port = None
-        if comm.rank == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        port = comm.bcast(port, root=0)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank,
-                                world_size=comm.size)
+    start_gloo()
     yield
 
 
