@@ -54,21 +54,16 @@ SINGLE = [{"label": "single SGD", "argv": ["--algorithm", "ssgd", "--optimizer",
 
 
 def worker(opts) -> None:
-    import contextlib
-    import io
-
     sys.path.insert(0, ROOT)
     import pycomm
-    from pycomm.train.cli import parse_args
-    from pycomm.train.loop import train
 
     pycomm.init()
     n = pycomm.size()
     todo = SINGLE if opts.single else configs(n)
     stragglers = [None] if opts.single else [None, f"{n - 1}:3"]
     out = open(opts.results, "a") if pycomm.rank() == 0 else None
-    with contextlib.redirect_stdout(io.StringIO()):  # warm-up, not recorded
-        train(parse_args(["--epochs", "1", "--no-progress", "--no-bandwidth-table", "--dataset", "digits"]))
+    # warm-up, not recorded
+    study_runner.train_quietly(["--epochs", "1", "--no-progress", "--no-bandwidth-table", "--dataset", "digits"])
     for straggler in stragglers:
         for cfg in todo:
             for seed in opts.seeds:
@@ -77,8 +72,7 @@ def worker(opts) -> None:
                         "--no-bandwidth-table", "--eval-every", str(opts.eval_every)]
                 if straggler:
                     argv += ["--straggler", straggler]
-                with contextlib.redirect_stdout(io.StringIO()):
-                    summary = train(parse_args(argv))
+                summary = study_runner.train_quietly(argv)
                 if out:
                     rec = {"label": cfg["label"], "seed": seed, **summary, "straggler": straggler}
                     out.write(json.dumps(rec) + "\n")
@@ -88,11 +82,7 @@ def worker(opts) -> None:
                           f"{summary.get('staleness_mean', '-')}/{summary.get('staleness_max', '-')}", flush=True)
 
 
-def stats(xs):
-    import numpy as np
-
-    a = np.asarray(xs, dtype=float)
-    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+stats = study_runner.stats
 
 
 def time_to(rec: dict, target: float):

@@ -39,25 +39,19 @@ CONFIGS: List[Dict] = [
 
 def worker(opts) -> None:
     """Runs inside the MPI job: every configuration for every seed, one JSON line each (rank 0)."""
-    import contextlib
-    import io
-
     sys.path.insert(0, ROOT)
     import pycomm
-    from pycomm.train.cli import parse_args
-    from pycomm.train.loop import train
 
     pycomm.init()
     out = open(opts.results, "a") if pycomm.rank() == 0 else None
-    with contextlib.redirect_stdout(io.StringIO()):  # warm-up, not recorded: lazy initialization
-        train(parse_args(["--epochs", "1", "--no-progress", "--no-bandwidth-table"]))
+    # warm-up, not recorded: lazy initialization
+    study_runner.train_quietly(["--epochs", "1", "--no-progress", "--no-bandwidth-table"])
     for cfg in CONFIGS:
         for seed in opts.seeds:
             argv = ["--algorithm", "ssgd", "--compression", cfg["compression"], *SGD, "--dataset", "synthetic-large",
                     "--model", "mlp", "--epochs", str(opts.epochs), "--batch-size", str(opts.batch_size),
                     "--seed", str(seed), "--no-progress", "--no-bandwidth-table"]
-            with contextlib.redirect_stdout(io.StringIO()):
-                summary = train(parse_args(argv))
+            summary = study_runner.train_quietly(argv)
             if out:
                 rec = {"label": cfg["label"], "compression": cfg["compression"], "seed": seed, **summary}
                 out.write(json.dumps(rec) + "\n")
@@ -66,11 +60,7 @@ def worker(opts) -> None:
                       f"sent {summary['bytes_sent']}  {summary['wall_time_s']:.1f}s", flush=True)
 
 
-def stats(xs):
-    import numpy as np
-
-    a = np.asarray(xs, dtype=float)
-    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+stats = study_runner.stats
 
 
 def report(records: List[dict], opts, command: str) -> str:

@@ -40,13 +40,8 @@ TASKS = {"synthetic-large": "mlp", "digits": "cnn"}
 
 
 def worker(opts) -> None:
-    import contextlib
-    import io
-
     sys.path.insert(0, ROOT)
     import pycomm
-    from pycomm.train.cli import parse_args
-    from pycomm.train.loop import train
 
     pycomm.init()
     out = open(opts.results, "a") if pycomm.rank() == 0 else None
@@ -57,8 +52,7 @@ def worker(opts) -> None:
                 argv = [*cfg["argv"], *SGD, "--dataset", dataset, "--model", TASKS[dataset], "--epochs",
                         str(epochs[dataset]), "--batch-size", str(opts.batch_size), "--seed", str(seed),
                         "--no-progress", "--no-bandwidth-table"]
-                with contextlib.redirect_stdout(io.StringIO()):
-                    summary = train(parse_args(argv))
+                summary = study_runner.train_quietly(argv)
                 if out:
                     rec = {"task": dataset, "label": cfg["label"], "seed": seed, **summary}
                     out.write(json.dumps(rec) + "\n")
@@ -67,11 +61,7 @@ def worker(opts) -> None:
                           f"sent {summary['bytes_sent']}  {summary['wall_time_s']:.1f}s", flush=True)
 
 
-def stats(xs):
-    import numpy as np
-
-    a = np.asarray(xs, dtype=float)
-    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+stats = study_runner.stats
 
 
 def report(records: List[dict], opts, command: str) -> str:

@@ -164,11 +164,7 @@ def worker(opts) -> None:
                           + (f"  DIVERGED: {rec['diverged']}" if rec["diverged"] else ""), flush=True)
 
 
-def stats(xs):
-    import numpy as np
-
-    a = np.asarray(xs, dtype=float)
-    return float(a.mean()), (float(a.std(ddof=1)) if len(a) > 1 else 0.0)
+stats = study_runner.stats
 
 
 def report(records: List[dict], opts) -> str:

@@ -48,3 +48,23 @@ def write_outputs(out: str, name: str, table: str, records: List[dict],
     print()
     print(table)
     print(f"wrote {out}/{', '.join(written)}")
+
+
+def train_quietly(argv: Sequence[str]) -> dict:
+    """One pycomm-train run inside the study's MPI job, its per-epoch lines kept off the output; its summary."""
+    import contextlib
+    import io
+
+    from pycomm.train.cli import parse_args
+    from pycomm.train.loop import train
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        return train(parse_args(list(argv)))
+
+
+def stats(xs) -> tuple:
+    """Mean and sample standard deviation (0 for one value)."""
+    import numpy as np
+
+    a = np.asarray(xs, dtype=float)
+    return float(a.mean()), (float(a.std(ddof=1)) if len(a) > 1 else 0.0)

@@ -52,26 +52,20 @@ SINGLE = [{"label": "single SGD", "argv": ["--algorithm", "ssgd", *SGD]},
 
 def worker(opts) -> None:
     """Runs inside the MPI job: every configuration for every seed, one JSON line each (rank 0)."""
-    import contextlib
-    import io
-
     sys.path.insert(0, ROOT)
     import pycomm
-    from pycomm.train.cli import parse_args
-    from pycomm.train.loop import train
 
     pycomm.init()
     todo = SINGLE if opts.single else configs(opts.sync_period, pycomm.size())
     out = open(opts.results, "a") if pycomm.rank() == 0 else None
-    with contextlib.redirect_stdout(io.StringIO()):  # warm-up, not recorded: lazy initialization
-        train(parse_args(["--epochs", "1", "--no-progress", "--no-bandwidth-table"]))
+    # warm-up, not recorded: lazy initialization
+    study_runner.train_quietly(["--epochs", "1", "--no-progress", "--no-bandwidth-table"])
     for cfg in todo:
         for seed in opts.seeds:
             argv = [*cfg["argv"], "--dataset", "digits", "--model", "mlp", "--epochs", str(opts.epochs),
                     "--batch-size", str(opts.batch_size), "--seed", str(seed), "--no-progress",
                     "--no-bandwidth-table"]
-            with contextlib.redirect_stdout(io.StringIO()):
-                summary = train(parse_args(argv))
+            summary = study_runner.train_quietly(argv)
             if out:
                 rec = {"label": cfg["label"], "base": cfg.get("base"), "seed": seed, **summary}
                 out.write(json.dumps(rec) + "\n")
@@ -80,11 +74,7 @@ def worker(opts) -> None:
                       f"syncs {summary['syncs']}  {summary['wall_time_s']:.1f}s", flush=True)
 
 
-def stats(xs):
-    import numpy as np
-
-    a = np.asarray(xs, dtype=float)
-    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+stats = study_runner.stats
 
 
 def report(records: List[dict], opts) -> str:
