@@ -73,6 +73,8 @@ def test_rounds_match_float64_replay(distill_steps):
         algo.training_loss(model(x), x, y).backward()
         algo.step()
     want, last = replay(world, steps, TAU if distill_steps is None else distill_steps)
+    # float64 against the float64 replay: measured at 1 and 4 ranks, at most 1.1e-16 absolute (4e-12
+    # relative only on elements near zero, which atol covers); bounds 1e-12 relative, 1e-13 absolute
     for got, ref in zip(model.parameters(), want[rank]):
         np.testing.assert_allclose(got.detach().numpy(), ref.numpy(), rtol=1e-12, atol=1e-13)
     for got, ref in zip(algo.eval_parameters(), last[0]):  # rank 0's model of the last exchange
