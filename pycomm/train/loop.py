@@ -174,7 +174,7 @@ def train(args) -> Dict[str, Any]:
     try:
         local_opt = build_optimizer(args.optimizer, model.parameters(), lr=lr, momentum=args.momentum,
                                     sgd_nesterov=args.sgd_nesterov, weight_decay=args.weight_decay,
-                                    freeze_step=freeze_step)
+                                    freeze_step=freeze_step, compression=getattr(args, "compression", "none"))
     except ValueError as e:
         raise UsageError(str(e)) from None
     lr = float(local_opt.param_groups[0]["lr"])  # the default filled in, or --lr exactly
