@@ -1,6 +1,6 @@
 """Every training mode of pycomm-train at its defaults: algorithm x optimizer x precision x compression.
 
-    python bench/matrix.py [--np 4] [--max-runs K] [--max-minutes M] [--retry-failed] [--table-only]
+    python bench/matrix.py [--np 4] [--max-runs K] [--max-minutes M] [--retry-failed] [--table-only | --summary]
 
 Cells: every algorithm of pycomm.algorithms x {sgd, adam, lars, lamb, onebit_adam, onebit_lamb} x
 {fp32, fp16, bf16} x {none, fp16, onebit compression}. Each cell is first put to pycomm-train's own
@@ -223,6 +223,30 @@ def table(results: Dict[str, dict], threshold: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def summary(results: Dict[str, dict], threshold: float) -> str:
+    """The fp32 / no-compression column of the table, algorithms x optimizers (the README's view), with the
+    count over every allowed cell."""
+    lines = ["| algorithm | " + " | ".join(OPTIMIZERS) + " |", "|---|" + "---|" * len(OPTIMIZERS)]
+    ok = allowed = 0
+    for algo in algorithms():
+        row = []
+        for opt in OPTIMIZERS:
+            cell = (algo, opt, "fp32", "none")
+            r = results.get(key(cell)) if refusal(cell) is None else None
+            row.append("refused" if refusal(cell) is not None else "not run" if r is None or r["status"] != "ok"
+                       else f"{r['accuracy']:.1f}")
+        lines.append(f"| {algo} | " + " | ".join(row) + " |")
+    for c in cells():
+        if refusal(c) is None:
+            allowed += 1
+            r = results.get(key(c))
+            ok += bool(r and r["status"] == "ok" and r["accuracy"] >= threshold)
+    lines.append("")
+    lines.append(f"fp32, no compression. Every allowed combination of precision and compression too: {ok} of "
+                 f"{allowed} at >= {threshold:g}%; the rest are refused at start with the reason.")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--np", type=int, default=4)
@@ -234,12 +258,17 @@ def main() -> int:
     p.add_argument("--threshold", type=float, default=85.0)
     p.add_argument("--retry-failed", action="store_true")
     p.add_argument("--table-only", action="store_true", help="print the table from the results file, run nothing")
+    p.add_argument("--summary", action="store_true",
+                   help="print only the fp32 / no-compression view (the README's table) from the results file")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     opts = p.parse_args()
     if opts.worker is not None:
         worker(opts.worker.split(","))
         return 0
     results = load(opts.results)
+    if opts.summary:
+        print(summary(results, opts.threshold), end="")
+        return 0
     meta = {"np": opts.np, "dataset": "digits", "command": "python bench/matrix.py"}
     t0 = time.time()
     if not opts.table_only:
