@@ -20,6 +20,9 @@ from .runtime import topology
 # Integers wrap around; bool reduces as logical or (sum, max) and logical and (min, prod).
 SUPPORTED_DTYPES = tuple(getattr(torch, name) for name in _C.dtype_names)
 REDUCE_OPS = ("sum", "avg", "min", "max")
+#: op -> the engine's (reduction, average): avg is a sum followed by a division by the number of ranks,
+#: which the engine places (half precision divides before summing, so the sum cannot overflow).
+ENGINE_OP = {op: ("sum", True) if op == "avg" else (op, False) for op in REDUCE_OPS}
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "mpi", "shm", "hierarchical", "hierarchical_master")
 
 
@@ -106,8 +109,7 @@ def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "aut
                     gid: int = 0):
     """The uncompressed allreduce: checks, then the engine (gid: a pycomm.groups id, 0 for all ranks)."""
     out = check_allreduce(tensor, op, algorithm, out, name)
-    reduce_op = "sum" if op == "avg" else op
-    handle = _C.allreduce_async(tensor, out, reduce_op, op == "avg", algorithm, name or "", blocking, gid)
+    handle = _C.allreduce_async(tensor, out, *ENGINE_OP[op], algorithm, name or "", blocking, gid)
     if not blocking and not name:
         note_unnamed(handle)
     return handle

@@ -13,7 +13,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from . import _C, _ops
-from ._ops import ALLREDUCE_ALGORITHMS, REDUCE_OPS, SUPPORTED_DTYPES, check_tensor  # noqa: F401 (public names)
+from ._ops import ALLREDUCE_ALGORITHMS, ENGINE_OP, REDUCE_OPS, SUPPORTED_DTYPES, check_tensor  # noqa: F401 (public names)
 from ._ops import check_op as _check_op
 from ._ops import label as _label
 from .compression import Compressor, resolve
@@ -56,8 +56,7 @@ def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "aut
             and (op, tensor.dtype) in _VALID_OP_DTYPES and algorithm.__class__ is str and algorithm in _ALGORITHMS
             and tensor.is_cpu and tensor.is_contiguous()):
         # The common call, checked as in allreduce() (set lookups), straight to the engine.
-        handle = _C.allreduce_async(tensor, tensor, "sum" if op == "avg" else op, op == "avg", algorithm,
-                                    name or "", _blocking, 0)
+        handle = _C.allreduce_async(tensor, tensor, *ENGINE_OP[op], algorithm, name or "", _blocking, 0)
         if not _blocking and not name:
             _ops.note_unnamed(handle, stacklevel=3)
         return handle
@@ -96,7 +95,7 @@ def allreduce(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
             and compression == "none" and _state.topology is not None and op.__class__ is str
             and (op, tensor.dtype) in _VALID_OP_DTYPES and algorithm.__class__ is str and algorithm in _ALGORITHMS
             and tensor.is_cpu and tensor.is_contiguous() and not _profiler_enabled()):
-        return _C.allreduce_blocking(tensor, "sum" if op == "avg" else op, op == "avg", algorithm, name or "")
+        return _C.allreduce_blocking(tensor, *ENGINE_OP[op], algorithm, name or "")
     return _allreduce(tensor, op, algorithm, out, name, compression, group)
 
 
@@ -164,9 +163,8 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], op: str = "sum", al
     if not fast:
         outs = [_ops.check_allreduce(t, op, algorithm, None if outs is None else outs[i],
                                      names[i] if names else f"tensors[{i}]") for i, t in enumerate(tensors)]
-    reduce_op = "sum" if op == "avg" else op
-    handle = _C.grouped_allreduce_async(list(tensors), list(tensors) if outs is None else list(outs), reduce_op,
-                                        op == "avg", algorithm, names, _blocking, gid)
+    handle = _C.grouped_allreduce_async(list(tensors), list(tensors) if outs is None else list(outs),
+                                        *ENGINE_OP[op], algorithm, names, _blocking, gid)
     if not _blocking and not name and len(tensors) > 1:
         _ops.note_unnamed(handle, stacklevel=3)
     return handle
@@ -259,8 +257,7 @@ def reduce_scatter_async(tensor: torch.Tensor, op: str = "sum", algorithm: str =
     base, rem = divmod(tensor.shape[0], n)
     rows = [base + (1 if i < rem else 0) for i in range(n)]
     out = torch.empty((rows[r],) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-    reduce_op = "sum" if op == "avg" else op
-    return _C.reduce_scatter_async(tensor, out, rows, reduce_op, op == "avg", algorithm, name or "", _blocking, gid)
+    return _C.reduce_scatter_async(tensor, out, rows, *ENGINE_OP[op], algorithm, name or "", _blocking, gid)
 
 
 @profiled("pycomm.reduce_scatter")

@@ -60,8 +60,6 @@ import torch
 from . import _C, _ops, kernels
 from .runtime import size
 
-#: The compressions pycomm ships (pycomm.collectives.COMPRESSIONS is the same tuple).
-BUILTIN = ("none", "fp16", "bf16", "onebit")
 COMPRESSED_OPS = ("avg", "sum")
 
 

@@ -194,12 +194,24 @@ def best(nbytes: int, machine: Machine, ranks: int, nodes: int = 1,
     return winner, times[winner]
 
 
+def crossover_table(best: List[Tuple[int, str]]) -> List[Tuple[int, str]]:
+    """[(size, winner)] sorted by size -> [(largest size, algorithm)], merging neighbours
+    with the same winner; the last entry covers every larger message."""
+    table: List[Tuple[int, str]] = []
+    for size, algo in sorted(best):
+        if table and table[-1][1] == algo:
+            table[-1] = (size, algo)
+        else:
+            table.append((size, algo))
+    if table:
+        table[-1] = (2 ** 62, table[-1][1])
+    return table
+
+
 def auto_table(machine: Machine, ranks: int, nodes: int = 1, min_bytes: int = 1 << 10,
                max_bytes: int = 1 << 30, algorithms: Optional[List[str]] = None, shm_chunk_bytes: int = 0,
                shm_chunked_above: Optional[int] = None) -> List[Tuple[int, str]]:
     """An "auto" table (largest message, algorithm) from the model's winners at powers of 2."""
-    from .tune import crossover_table
-
     picks, size = [], min_bytes
     while size <= max_bytes:
         picks.append((size, best(size, machine, ranks, nodes, algorithms, shm_chunk_bytes, shm_chunked_above)[0]))

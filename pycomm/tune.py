@@ -24,6 +24,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from .cost_model import crossover_table  # noqa: F401 (also pycomm.tune's public name)
+
 TUNE_VERSION = 1
 
 
@@ -78,20 +80,6 @@ def load_model():
         return Machine.from_dict(data["constants"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def crossover_table(best: List[Tuple[int, str]]) -> List[Tuple[int, str]]:
-    """[(size, winner)] sorted by size -> [(largest size, algorithm)], merging neighbours
-    with the same winner; the last entry covers every larger message."""
-    table: List[Tuple[int, str]] = []
-    for size, algo in sorted(best):
-        if table and table[-1][1] == algo:
-            table[-1] = (size, algo)
-        else:
-            table.append((size, algo))
-    if table:
-        table[-1] = (2 ** 62, table[-1][1])
-    return table
 
 
 def measure(algorithm: str, nbytes: int, iters: int, comm) -> float:

@@ -45,10 +45,6 @@ EventPtr record_cuda_event(int device, void* stream);
 // is done when issued. It goes through the same pool and counters, so the
 // stream-order control flow runs on CPU machines.
 EventPtr record_host_event();
-// Either of the above: device < 0 is the host stand-in.
-inline EventPtr record_event(int device, void* stream) {
-  return device < 0 ? record_host_event() : record_cuda_event(device, stream);
-}
 
 // Counters over every pool of the process.
 struct EventCounters {

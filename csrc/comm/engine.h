@@ -212,7 +212,6 @@ class Engine {
   MemoryMover& mover_for(const Buffer& buf);
   // The two lane streams of CUDA device `device`'s mover (cudaStream_t), made if need be.
   std::pair<void*, void*> device_lanes(int device);
-  bool cuda_aware() const { return cuda_aware_; }
   // Device memory about to go to MPI directly: raise direct_path_refusal()'s reason, if any
   // (memory_mover.h). Runs after the coordination round, where every rank has agreed on the
   // buffer's device and options, so every rank raises alike before any data moves.

@@ -408,10 +408,6 @@ class Testbed:
     def subnet(self) -> str:
         return self._spec().subnet
 
-    @property
-    def host_names(self) -> List[str]:
-        return self._spec().namespaces
-
     def run(self, np: Optional[int], argv: Sequence[str], ranks_per_host: Optional[int] = None,
             env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None, capture: bool = False,
             **kw) -> subprocess.CompletedProcess:
