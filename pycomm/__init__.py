@@ -11,6 +11,7 @@ import torch  # noqa: F401  (loads libtorch before the native core)
 from . import _C
 from . import kernels
 from . import compression
+from . import compressors  # registers powersgd, topk and threshold in compression's registry
 from .collectives import (
     Handle,
     allgather,

@@ -38,7 +38,7 @@ after the pre-division) is *reported, not spread*: every rank raises
 ``pycomm.CommError`` naming the offending ranks, and neither the output nor
 any residual is changed.
 
-More compressors live in pycomm/compressors/, one file each, registered here:
+More compressors live in pycomm/compressors/, one file each, registered in this module's registry by that package:
 ``powersgd`` (rank r low-rank with warm start and error feedback), ``topk``
 and ``threshold`` (sparsification with error feedback, exchanged as (index,
 value) pairs); a parameter follows the name: ``"powersgd:2"``,
@@ -557,16 +557,3 @@ def resolve(compression) -> Compressor:
     raise TypeError(f"compression must be a name ({', '.join(_REGISTRY)}) or a pycomm.compression.Compressor, "
                     f"got {type(compression).__name__}")
 
-
-def _register_builtin_extras() -> None:
-    # One file per method under pycomm/compressors/; imported here, after Compressor exists.
-    from .compressors.powersgd import PowerSGD
-    from .compressors.threshold import Threshold
-    from .compressors.topk import TopK
-
-    register("powersgd", PowerSGD, PowerSGD.from_spec)
-    register("topk", TopK, TopK.from_spec)
-    register("threshold", Threshold, Threshold.from_spec)
-
-
-_register_builtin_extras()
