@@ -72,6 +72,16 @@ class Algorithm:
     def sync(self) -> None:
         raise NotImplementedError
 
+    def step_decided(self) -> bool:
+        """Whether this step's update is already known without this rank's gradient, so that the loop
+        calls step() without a forward and backward pass: backup_sgd, when the first N of N + B
+        gradients came in before this rank computed. False for every other algorithm."""
+        return False
+
+    def end_epoch(self) -> None:
+        """The training loop calls it after an epoch's last step, before any other collective (its
+        metrics allreduce): backup_sgd closes the epoch's session there. Nothing for the others."""
+
     def finalize(self) -> None:
         """Synchronize pending local progress so that every rank ends with the same model."""
 
