@@ -7,7 +7,7 @@
 // until every rank has closed; its Python thread computes meanwhile and hands gradients in
 // (BackupSession::submit) without waiting for anyone. Step k (N = size - B):
 //
-//   rank r, once its Python thread has handed in gradient k:  READY(k) -> rank 0
+//   rank r, once its Python thread has handed in gradient k:  READY(k) -> rank 0 (sent by that thread)
 //   rank 0 (the coordinator), in the order the READYs reach it (its own included): the first N
 //          ranks are the step's counted set C_k; it sends RUN(k, C_k) to every other rank at once,
 //          without waiting for the other B
@@ -120,7 +120,7 @@ bool BackupSession::ready(int64_t step) {
 }
 
 bool BackupSession::submit(const float* grad, int64_t step) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   throw_if_ended_locked();
   if (close_count_ >= 0) throw CommError("backup session '" + name_ + "': submit after close");
   if (step != taken_)
@@ -131,6 +131,29 @@ bool BackupSession::submit(const float* grad, int64_t step) {
   if (step < next_step_) return false;  // decided without this rank: dropped
   slot_.assign(grad, grad + numel_);
   slot_step_ = step;
+  // READY(step) to rank 0 from this thread, once the session runs (before, the engine thread sends it).
+  const bool announce = rank_ > 0 && session_ >= 0 && announced_ != step;
+  if (!announce) return true;
+  announced_ = step;
+  const MPI_Comm ctl = control_;
+  const int64_t sid = session_;
+  lock.unlock();
+  std::vector<char> m = message(sid, kReady, step, nullptr, 0);
+  PYCOMM_MPI_CHECK(MPI_Send(m.data(), static_cast<int>(m.size()), MPI_BYTE, 0, kTagBackupUp, ctl));
+  return true;
+}
+
+void BackupSession::start(MPI_Comm control, int rank, int64_t session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  control_ = control;
+  rank_ = rank;
+  session_ = session;
+}
+
+bool BackupSession::take_announcement(int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (slot_step_ != step || announced_ == step) return false;
+  announced_ = step;
   return true;
 }
 
@@ -228,6 +251,7 @@ void Engine::run_backup_session(BackupSession& s) {
                     std::to_string(size) + " rank(s); B must be below the number of ranks");
   const int64_t sid = static_cast<int64_t>(coordinator_.rounds());  // the opening round: the same everywhere
   const size_t n = s.numel();
+  s.start(ctl, rank, sid);
 
   int64_t k = s.first_step();
   bool sent_ready = false, sent_close = false;
@@ -299,12 +323,12 @@ void Engine::run_backup_session(BackupSession& s) {
                         "session (BackupSGD closes it at the end of each epoch: end_epoch(), finalize())";
       if (!local_failure.empty() && rank != 0) send_up(kFail, k, local_failure);
     }
-    if (have && !sent_ready) {
-      if (rank == 0) {
-        if (!arrived[0]) arrived[0] = 1, arrivals.push_back(0);
-      } else {
-        send_up(kReady, k, "");
-      }
+    // Rank 0's own gradient is registered after the messages drained below, so that in a pass that
+    // finds both, the ranks whose READY had to travel come first. The others' READYs normally leave
+    // from submit(); one handed in before the session ran leaves here.
+    const bool own_arrival = rank == 0 && have && !sent_ready;
+    if (rank != 0 && have && !sent_ready) {
+      if (s.take_announcement(k)) send_up(kReady, k, "");
       sent_ready = true;
       progress = true;
     }
@@ -338,6 +362,11 @@ void Engine::run_backup_session(BackupSession& s) {
         } else if (h.type == kFail && failure.empty()) {
           failure = text;
         }
+      }
+      if (own_arrival) {
+        if (!arrived[0]) arrived[0] = 1, arrivals.push_back(0);
+        sent_ready = true;
+        progress = true;
       }
       if (failure.empty() && !local_failure.empty()) failure = local_failure;
       if (failure.empty()) {  // a rank that closed while the others go on, or closes after other step counts

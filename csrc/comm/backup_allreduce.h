@@ -48,6 +48,13 @@ class BackupSession {
   void close(int64_t steps_taken);
 
   // ---- the engine thread (backup_allreduce.cpp) ----
+  // The session runs: from now on a rank other than 0 announces a gradient to rank 0 from the
+  // submitting thread itself (MPI is initialized with THREAD_MULTIPLE), without waiting for the
+  // engine thread's next poll. `session`: the id every message carries.
+  void start(MPI_Comm control, int rank, int64_t session);
+  // Whether the engine thread must announce the gradient of `step` (handed in before the session
+  // ran, so not announced by submit()); marks it announced.
+  bool take_announcement(int64_t step);
   struct Step {
     int64_t step = 0;
     std::vector<int> counted;
@@ -77,6 +84,10 @@ class BackupSession {
   int64_t slot_step_ = -1;   // the step of the gradient in `slot_`, or -1
   std::vector<float> slot_;
   int64_t close_count_ = -1;
+  MPI_Comm control_ = MPI_COMM_NULL;  // set by start()
+  int rank_ = -1;
+  int64_t session_ = -1;
+  int64_t announced_ = -1;  // the last step whose READY went to rank 0
   std::deque<Step> results_;  // decided, not yet taken
   bool ended_ = false;
   std::exception_ptr error_;
