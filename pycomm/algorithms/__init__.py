@@ -13,7 +13,7 @@ from .adadelay import AdaDelay, AdaDelayConfig
 from .admm import ADMM, ADMMConfig
 from .asgd import ASGD, ASGDConfig
 from .backup_sgd import BackupSGD, BackupSGDConfig
-from .base import Algorithm
+from .base import Algorithm, JobConfigError
 from .bmuf import BMUF, BMUFConfig, MOMENT_SYNC
 from .dcasgd import DCASGD, DCASGDConfig
 from .easgd import EASGD, EASGDConfig
@@ -25,7 +25,7 @@ from .ssgd import SSGD, SSGDConfig
 from .ssp import SSP, SSPConfig
 
 __all__ = ["ASGD", "ASGDConfig", "BackupSGD", "BackupSGDConfig", "AdaDelay", "AdaDelayConfig", "DCASGD", "DCASGDConfig", "SSP", "SSPConfig", "Hogwild",
-           "HogwildConfig", "Hybrid", "HybridConfig",
+           "HogwildConfig", "Hybrid", "HybridConfig", "JobConfigError",
            "ADMM", "ADMMConfig", "ALGORITHMS", "Algorithm", "BMUF", "BMUFConfig", "EASGD", "EASGDConfig",
            "MOMENT_SYNC", "ModelAveraging", "ModelAveragingConfig", "SSGD", "SSGDConfig", "config_fields",
            "create", "get", "make_config", "names", "server_sgd"]

@@ -32,7 +32,7 @@ import torch
 
 from .. import _C, collectives
 from ..optimizer import ring_bytes_sent
-from .base import Algorithm
+from .base import Algorithm, JobConfigError
 
 
 @dataclass
@@ -58,21 +58,21 @@ class BackupSGD(Algorithm):
         everyone = collectives.allgather(torch.tensor([b], dtype=torch.int64), name="backup_sgd.backup_workers")
         values = [int(v) for v in everyone.reshape(-1).tolist()]
         if len(set(values)) > 1:
-            raise ValueError("backup_sgd: the ranks passed different backup_workers ("
+            raise JobConfigError("backup_sgd: the ranks passed different backup_workers ("
                              + ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
                              + "); every rank must pass the same B")
         if b < 0:
-            raise ValueError(f"backup_sgd: backup_workers must be >= 0, got {b}")
+            raise JobConfigError(f"backup_sgd: backup_workers must be >= 0, got {b}")
         if b >= self.world_size:
-            raise ValueError(f"backup_sgd: backup_workers {b} >= the job's {self.world_size} rank(s) leaves no "
+            raise JobConfigError(f"backup_sgd: backup_workers {b} >= the job's {self.world_size} rank(s) leaves no "
                              f"gradient to count; each step averages the first N = ranks - B, so B must be at most "
                              f"{self.world_size - 1}")
         if getattr(local_optimizer, "reduces_gradients", False):
-            raise ValueError(f"backup_sgd: {type(local_optimizer).__name__} reduces gradients itself (the whole "
+            raise JobConfigError(f"backup_sgd: {type(local_optimizer).__name__} reduces gradients itself (the whole "
                              "data-parallel step); backup_sgd averages them, use a local optimizer such as SGD")
         for p in self.params:
             if p.dtype != torch.float32 or p.device.type != "cpu":
-                raise ValueError(f"backup_sgd: parameters must be float32 in host memory (the backup session "
+                raise JobConfigError(f"backup_sgd: parameters must be float32 in host memory (the backup session "
                                  f"averages host float32 gradients), got {p.dtype} on {p.device}")
         self.backup_workers = b
         self.counted = self.world_size - b   # N

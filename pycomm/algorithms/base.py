@@ -27,6 +27,11 @@ from ..optimizer import broadcast_parameters, ring_bytes_sent
 from ..runtime import size, topology
 
 
+class JobConfigError(ValueError):
+    """A configuration that does not fit the job, raised alike on every rank after the ranks compared it
+    (backup_sgd's B against the number of ranks); pycomm-train reports it as a usage error."""
+
+
 def trainable_parameters(model: torch.nn.Module) -> List[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 

@@ -184,7 +184,10 @@ def train(args) -> Dict[str, Any]:
         algo = MixedPrecisionSSGD(model, local_opt, algorithms.make_config("ssgd", **args.algorithm_config),
                                   precision=precision)
     else:
-        algo = algorithms.create(args.algorithm, model, local_opt, **args.algorithm_config)
+        try:
+            algo = algorithms.create(args.algorithm, model, local_opt, **args.algorithm_config)
+        except algorithms.base.JobConfigError as e:  # the same on every rank: report once, exit everywhere
+            raise UsageError(str(e)) from None
     if dedicated and algo.is_server_only:
         algo.serve()  # until every worker has finalized
         if args.bandwidth_table:  # collective over every rank: the workers run it after finalize()

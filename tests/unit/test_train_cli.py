@@ -53,6 +53,9 @@ def test_backup_sgd_is_listed_and_refuses_what_it_cannot_serve(capsys):
     assert "use it with --algorithm ssgd, not backup_sgd" in err
     err = error_of(capsys, ["--algorithm", "ssgd", "--backup-workers", "1"])
     assert "--backup-workers does not apply to --algorithm ssgd" in err
+    err = error_of(capsys, ["--algorithm", "backup_sgd", "--epochs", "1", *FAST])  # one rank: B = 1 is too many
+    assert ("pycomm-train: error: backup_sgd: backup_workers 1 >= the job's 1 rank(s) leaves no gradient to "
+            "count") in err
 
 
 def test_every_sample_needs_ssgd_uncompressed_per_epoch_checkpoints(capsys):
