@@ -320,7 +320,7 @@ void Engine::run_backup_session(BackupSession& s) {
       if (queue_.size() > mine)
         local_failure = what + ": rank " + std::to_string(rank) + " submitted " + queue_[mine].sig.describe() +
                         " while its backup session runs; the engine runs nothing else until every rank has closed the "
-                        "session (BackupSGD closes it at the end of each epoch: end_epoch(), finalize())";
+                        "session (BackupSGD.settle(), finalize(); pycomm-train settles at each epoch's end and checkpoint)";
       if (!local_failure.empty() && rank != 0) send_up(kFail, k, local_failure);
     }
     // Rank 0's own gradient is registered after the messages drained below, so that in a pass that

@@ -20,8 +20,8 @@ every rank and before any step: B < 0, B >= the number of ranks, ranks passing d
 local optimizer that reduces gradients itself (pycomm.optim.OneBitAdam/OneBitLAMB), parameters
 other than float32 in host memory. Gradients travel uncompressed (backup_sgd has no compression
 option; pycomm-train refuses --compression with it), and the engine runs nothing else while a
-session is open: pycomm-train closes it at the end of each epoch (``end_epoch()``) before its
-metrics allreduce.
+session is open: pycomm-train closes it (``settle()``) at the end of each epoch, before its
+metrics allreduce, and before a checkpoint; the next step opens a new one.
 """
 from __future__ import annotations
 
@@ -142,8 +142,8 @@ class BackupSGD(Algorithm):
     def sync(self) -> None:
         """backup_sgd synchronizes inside every step; nothing is ever pending."""
 
-    def end_epoch(self) -> None:
-        """Close the epoch's session: waits until every rank has taken the same steps (collective)."""
+    def settle(self) -> None:
+        """Close the session: waits until every rank has taken the same steps (collective)."""
         self._close()
 
     def finalize(self) -> None:
@@ -161,7 +161,7 @@ class BackupSGD(Algorithm):
     def load_extra_state(self, state: Dict[str, Any]) -> None:
         if self._session is not None:
             raise RuntimeError("backup_sgd: load_state_dict while a session is open; load before training "
-                               "or after end_epoch()")
+                               "or after settle()")
         self.counted_steps = [int(v) for v in state["counted_steps"]]
         self.dropped = int(state["dropped"])
         self.skipped = int(state["skipped"])

@@ -83,9 +83,10 @@ class Algorithm:
         gradients came in before this rank computed. False for every other algorithm."""
         return False
 
-    def end_epoch(self) -> None:
-        """The training loop calls it after an epoch's last step, before any other collective (its
-        metrics allreduce): backup_sgd closes the epoch's session there. Nothing for the others."""
+    def settle(self) -> None:
+        """The training loop calls it before a collective of its own (the end of an epoch's metrics
+        allreduce, a checkpoint's barrier): backup_sgd closes its session there, every rank waiting
+        until all have taken the same steps. Nothing for the others."""
 
     def finalize(self) -> None:
         """Synchronize pending local progress so that every rank ends with the same model."""

@@ -316,6 +316,7 @@ def train(args) -> Dict[str, Any]:
                     bar.set_postfix(loss=f"{float(loss.detach()):.3f}", refresh=False)
             if args.checkpoint_dir and args.checkpoint_every and state["global_step"] % args.checkpoint_every == 0 \
                     and state["step_in_epoch"] < spe:
+                algo.settle()  # a checkpoint is a collective (its barrier): backup_sgd closes its session first
                 save_checkpoint()
             if args.crash_at_step is not None and state["global_step"] == args.crash_at_step:
                 sys.stdout.flush()
@@ -325,7 +326,7 @@ def train(args) -> Dict[str, Any]:
             # Ranks with fewer batches answer the others' gradient allreduces with zeros (counted out of the
             # average) until all are done; then every rank takes the model of the last rank to finish.
             algo.optimizer.join()
-        algo.end_epoch()  # backup_sgd: closes the epoch's session before the metrics allreduce below
+        algo.settle()  # backup_sgd: closes the epoch's session before the metrics allreduce below
         # End of epoch: mean train loss over all ranks (a metrics allreduce, not a training sync).
         tot = torch.tensor([state["loss_sum"], float(state["loss_count"])], dtype=torch.float64)
         if dedicated:  # the server ranks are serving: the workers' own communicator

@@ -242,9 +242,10 @@ def test_ranks_that_close_after_different_steps_fail_on_every_rank():
             s.take(out, 1)
 
 
-def test_pycomm_train_with_a_straggler_keeps_one_model(comm):
+def test_pycomm_train_with_a_straggler_keeps_one_model(comm, tmp_path):
     """pycomm-train's loop: the straggler's steps decided without it are skipped; every rank ends with the
-    same model, each step counted N ranks."""
+    same model, each step counted N ranks; mid-epoch checkpoints (a barrier each: the session is closed
+    first) and a resumed run work alike."""
     world, rank = pycomm.size(), pycomm.rank()
     if world < 2:
         pytest.skip("needs a straggler beside a fast rank")
@@ -254,11 +255,17 @@ def test_pycomm_train_with_a_straggler_keeps_one_model(comm):
     from pycomm.train.cli import parse_args
     from pycomm.train.loop import train
 
+    ckpt = comm.bcast(str(tmp_path) if rank == 0 else None, root=0)
     argv = ["--algorithm", "backup_sgd", "--backup-workers", "1", "--straggler", f"{world - 1}:4", "--dataset",
-            "digits", "--epochs", "2", "--no-progress", "--no-bandwidth-table"]
+            "digits", "--no-progress", "--no-bandwidth-table", "--checkpoint-dir", ckpt, "--checkpoint-every", "10"]
     with contextlib.redirect_stdout(io.StringIO()):
-        summary = train(parse_args(argv))
+        summary = train(parse_args([*argv, "--epochs", "2"]))
     assert sum(summary["counted_steps"]) == (world - 1) * summary["steps"]
     assert len({s["model_sha256"] for s in comm.allgather(summary)}) == 1
     if rank == 0:
         assert summary["final_test_accuracy"] > 50.0  # chance is 10%
+    with contextlib.redirect_stdout(io.StringIO()):
+        resumed = train(parse_args([*argv, "--epochs", "3", "--resume"]))
+    assert resumed["steps"] == summary["steps"] * 3 // 2
+    assert sum(resumed["counted_steps"]) == (world - 1) * resumed["steps"]
+    assert len({s["model_sha256"] for s in comm.allgather(resumed)}) == 1
