@@ -1,6 +1,6 @@
 """Study: synchronous SGD with backup workers (backup_sgd) against SSGD, with and without a straggler.
 
-    python bench/study_backup.py [--np 4] [--seeds 0 1 2] [--epochs 10] [--backups 1] [--straggler-factors 3 10]
+    python bench/study_backup.py [--np 4] [--seeds 0 1 2] [--epochs 10] [--backups 1] [--straggler-factors 3 30]
                                  [--target 90] [--eval-every 8]
 
 Both run pycomm-train on digits (MLP, batch 16 per rank, SGD at pycomm-train's defaults) inside one
@@ -110,7 +110,7 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--backups", type=int, default=1)
-    p.add_argument("--straggler-factors", type=float, nargs="+", default=[3.0, 10.0])
+    p.add_argument("--straggler-factors", type=float, nargs="+", default=[3.0, 30.0])
     p.add_argument("--target", type=float, default=90.0)
     p.add_argument("--eval-every", type=int, default=8)
     p.add_argument("--out", default=os.path.join(HERE, "results"))
