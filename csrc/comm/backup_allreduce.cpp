@@ -7,7 +7,9 @@
 // until every rank has closed; its Python thread computes meanwhile and hands gradients in
 // (BackupSession::submit) without waiting for anyone. Step k (N = size - B):
 //
-//   rank r, once its Python thread has handed in gradient k:  READY(k) -> rank 0 (sent by that thread)
+//   rank r, once its Python thread has handed in gradient k:  READY(k) -> rank 0, sent by that
+//          thread (by the engine thread for a gradient handed in before the session ran); rank 0
+//          notes its own gradient after the READYs that reached it in the same pass of its loop
 //   rank 0 (the coordinator), in the order the READYs reach it (its own included): the first N
 //          ranks are the step's counted set C_k; it sends RUN(k, C_k) to every other rank at once,
 //          without waiting for the other B
