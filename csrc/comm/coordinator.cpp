@@ -22,6 +22,7 @@ constexpr int kTagStall = 104;
 constexpr int kTagQuery = 105;   // coordinator -> missing rank: what are you doing? (int64 round)
 constexpr int kTagAnswer = 106;  // missing rank -> coordinator: int64 round, then text
 constexpr int kTagJoinOps = 107;  // coordinator -> joined rank: the signatures it answers this round
+// 108, 109: a backup session's messages (backup_allreduce.cpp)
 constexpr double kAnswerWait_s = 2.0;
 
 // kJoinRun: a joined rank answers `count` operations (signatures follow);
@@ -51,6 +52,7 @@ const char* kind_name(int32_t kind) {
     case Collective::GATHER: return "gather";
     case Collective::SCATTER: return "scatter";
     case Collective::JOIN: return "join";
+    case Collective::BACKUP: return "backup session";
   }
   return "unknown";
 }
@@ -105,6 +107,10 @@ std::string Signature::describe() const {
   s << kind_name(kind);
   const auto k = static_cast<Collective>(kind);
   if (k == Collective::BARRIER || k == Collective::SHUTDOWN || k == Collective::JOIN) return s.str();
+  if (k == Collective::BACKUP) {
+    s << " '" << name << "' float32[" << numel << "] backups=" << root << " from step " << extra;
+    return s.str();
+  }
   if (k == Collective::OPTIONS) return s.str() + "(" + name + ") #" + std::to_string(static_cast<uint64_t>(numel) % 100000);
   if (name[0]) s << " '" << name << "'";
   s << " " << kernels::dtype_name(static_cast<DType>(dtype)) << "[";

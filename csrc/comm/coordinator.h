@@ -43,6 +43,7 @@ enum class Collective : int32_t {
   CUSTOM = 7,    // an engine operation defined elsewhere (compressed allreduce)
   REDUCE_SCATTER = 8, ALLTOALL = 9, REDUCE = 10, GATHER = 11, SCATTER = 12,
   JOIN = 13,     // pycomm.join(): the rank answers the others' operations until every rank has joined
+  BACKUP = 14,   // a backup-worker session (backup_allreduce.h): root = B, extra = its first step
 };
 
 struct Signature {
@@ -98,6 +99,8 @@ class Coordinator {
                bool full = true);
 
   uint64_t rounds() const { return round_; }
+  // The control communicator (a backup session's messages travel on it, backup_allreduce.cpp).
+  MPI_Comm control() const { return comm_; }
   // After agree(): how many ranks have joined, and for a rank that proposed
   // JOIN what it answers now (or that every rank has joined).
   const JoinInfo& join_info() const { return join_; }

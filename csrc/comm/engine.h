@@ -29,6 +29,7 @@ namespace pycomm {
 namespace comm {
 
 class ShmWindow;
+class BackupSession;
 class MemoryMover;
 struct StagingBuffers;
 
@@ -167,6 +168,9 @@ class Engine {
   // allgathers (no rows) and barriers. Sets `*last_rank` to the rank that
   // joined last. Blocks until every rank has joined.
   WorkPtr join(std::shared_ptr<int> last_rank, bool blocking = true);
+  // A backup-worker session (backup_allreduce.h/.cpp): queued like any operation, agreed by one
+  // coordination round, then it runs until every rank has closed it. The Work ends with it.
+  WorkPtr backup_session(std::shared_ptr<BackupSession> session);
   // A caller waits for queued work: stop holding allreduces back for fusion
   // partners (the cycle time) and run what is queued now.
   void flush();
@@ -256,6 +260,8 @@ class Engine {
   void answer_joined(const std::vector<Signature>& ops);
   void run_with_joined(std::vector<Op*>& batch, size_t count, int joined);
   int join_last_ = -1;
+  // backup_allreduce.cpp: the session's loop on the engine thread.
+  void run_backup_session(BackupSession& session);
   std::vector<char> join_scratch_;
   bool compatible(const Op& head, const Op& next) const;
 

@@ -6,13 +6,14 @@
         algo.zero_grad(); loss_fn(model(x), y).backward(); algo.step()
     algo.finalize()
 
-ssgd, model_averaging, bmuf (CBM/NBM, BMUF-Adam via moment_sync), easgd, admm; through the parameter
+ssgd, backup_sgd (synchronous SGD with backup workers), model_averaging, bmuf (CBM/NBM, BMUF-Adam via moment_sync), easgd, admm; through the parameter
 server (pycomm.ps, docs/algorithms.md §5): asgd, ssp, dcasgd (constant or adaptive lambda), adadelay; on one node without locks: hogwild; SSGD in groups, ASGD between them: hybrid.
 """
 from .adadelay import AdaDelay, AdaDelayConfig
 from .admm import ADMM, ADMMConfig
 from .asgd import ASGD, ASGDConfig
-from .base import Algorithm
+from .backup_sgd import BackupSGD, BackupSGDConfig
+from .base import Algorithm, JobConfigError
 from .bmuf import BMUF, BMUFConfig, MOMENT_SYNC
 from .dcasgd import DCASGD, DCASGDConfig
 from .easgd import EASGD, EASGDConfig
@@ -23,8 +24,8 @@ from .registry import ALGORITHMS, config_fields, create, get, make_config, names
 from .ssgd import SSGD, SSGDConfig
 from .ssp import SSP, SSPConfig
 
-__all__ = ["ASGD", "ASGDConfig", "AdaDelay", "AdaDelayConfig", "DCASGD", "DCASGDConfig", "SSP", "SSPConfig", "Hogwild",
-           "HogwildConfig", "Hybrid", "HybridConfig",
+__all__ = ["ASGD", "ASGDConfig", "BackupSGD", "BackupSGDConfig", "AdaDelay", "AdaDelayConfig", "DCASGD", "DCASGDConfig", "SSP", "SSPConfig", "Hogwild",
+           "HogwildConfig", "Hybrid", "HybridConfig", "JobConfigError",
            "ADMM", "ADMMConfig", "ALGORITHMS", "Algorithm", "BMUF", "BMUFConfig", "EASGD", "EASGDConfig",
            "MOMENT_SYNC", "ModelAveraging", "ModelAveragingConfig", "SSGD", "SSGDConfig", "config_fields",
            "create", "get", "make_config", "names", "server_sgd"]

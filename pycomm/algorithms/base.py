@@ -27,6 +27,11 @@ from ..optimizer import broadcast_parameters, ring_bytes_sent
 from ..runtime import size, topology
 
 
+class JobConfigError(ValueError):
+    """A configuration that does not fit the job, raised alike on every rank after the ranks compared it
+    (backup_sgd's B against the number of ranks); pycomm-train reports it as a usage error."""
+
+
 def trainable_parameters(model: torch.nn.Module) -> List[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
@@ -71,6 +76,17 @@ class Algorithm:
 
     def sync(self) -> None:
         raise NotImplementedError
+
+    def step_decided(self) -> bool:
+        """Whether this step's update is already known without this rank's gradient, so that the loop
+        calls step() without a forward and backward pass: backup_sgd, when the first N of N + B
+        gradients came in before this rank computed. False for every other algorithm."""
+        return False
+
+    def settle(self) -> None:
+        """The training loop calls it before a collective of its own (the end of an epoch's metrics
+        allreduce, a checkpoint's barrier): backup_sgd closes its session there, every rank waiting
+        until all have taken the same steps. Nothing for the others."""
 
     def finalize(self) -> None:
         """Synchronize pending local progress so that every rank ends with the same model."""

@@ -9,6 +9,7 @@ import torch
 from .adadelay import AdaDelay
 from .admm import ADMM
 from .asgd import ASGD
+from .backup_sgd import BackupSGD
 from .base import Algorithm
 from .bmuf import BMUF
 from .dcasgd import DCASGD
@@ -23,7 +24,7 @@ from .ssp import SSP
 
 ALGORITHMS: Dict[str, Type[Algorithm]] = {cls.name: cls for cls in (SSGD, ModelAveraging, BMUF, EASGD, ADMM,
                                                                     ASGD, SSP, DCASGD, AdaDelay, Hogwild, Hybrid,
-                                                                    ECDNN)}
+                                                                    ECDNN, BackupSGD)}
 
 
 def names() -> List[str]:

@@ -71,6 +71,7 @@ OPTION_HELP = {
     "alpha": "elastic pull on each worker (default beta / N)",
     "rho": "ADMM penalty parameter",
     "local_steps": "local optimizer steps per ADMM round",
+    "backup_workers": "B: of the ranks, each step averages the first (ranks - B) gradients to arrive and drops B",
 }
 
 

@@ -184,7 +184,10 @@ def train(args) -> Dict[str, Any]:
         algo = MixedPrecisionSSGD(model, local_opt, algorithms.make_config("ssgd", **args.algorithm_config),
                                   precision=precision)
     else:
-        algo = algorithms.create(args.algorithm, model, local_opt, **args.algorithm_config)
+        try:
+            algo = algorithms.create(args.algorithm, model, local_opt, **args.algorithm_config)
+        except algorithms.base.JobConfigError as e:  # the same on every rank: report once, exit everywhere
+            raise UsageError(str(e)) from None
     if dedicated and algo.is_server_only:
         algo.serve()  # until every worker has finalized
         if args.bandwidth_table:  # collective over every rank: the workers run it after finalize()
@@ -281,7 +284,13 @@ def train(args) -> Dict[str, Any]:
             x, y = data.x_train[b], data.y_train[b]
             t_compute = time.perf_counter()
             algo.zero_grad()
-            if precision != "fp32":
+            # backup_sgd: a step decided by the first N gradients before this rank began is applied
+            # without a forward and backward pass (and adds nothing to the epoch's mean loss)
+            decided = algo.step_decided()
+            loss = None
+            if decided:
+                pass
+            elif precision != "fp32":
                 loss = F.cross_entropy(model(algo.cast_input(x)).float(), y)
                 algo.backward(loss)  # scaled by the loss scale
             else:
@@ -289,11 +298,12 @@ def train(args) -> Dict[str, Any]:
                 loss = (algo.training_loss(model(x), x, y) if hasattr(algo, "training_loss")
                         else F.cross_entropy(model(x), y))
                 loss.backward()
-            if slow_factor > 1.0:  # --straggler: this rank computes slow_factor times slower
+            if slow_factor > 1.0 and not decided:  # --straggler: this rank computes slow_factor times slower
                 time.sleep((slow_factor - 1.0) * (time.perf_counter() - t_compute))
             algo.step()
-            state["loss_sum"] += float(loss.detach()) * len(b)
-            state["loss_count"] += len(b)
+            if loss is not None:
+                state["loss_sum"] += float(loss.detach()) * len(b)
+                state["loss_count"] += len(b)
             state["step_in_epoch"] = s + 1
             state["global_step"] += 1
             if eval_every and show and state["global_step"] % eval_every == 0:
@@ -302,9 +312,11 @@ def train(args) -> Dict[str, Any]:
                      "test_accuracy": accuracy(algo.eval_model(), data.x_test, data.y_test)})
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{float(loss.detach()):.3f}", refresh=False)
+                if loss is not None:
+                    bar.set_postfix(loss=f"{float(loss.detach()):.3f}", refresh=False)
             if args.checkpoint_dir and args.checkpoint_every and state["global_step"] % args.checkpoint_every == 0 \
                     and state["step_in_epoch"] < spe:
+                algo.settle()  # a checkpoint is a collective (its barrier): backup_sgd closes its session first
                 save_checkpoint()
             if args.crash_at_step is not None and state["global_step"] == args.crash_at_step:
                 sys.stdout.flush()
@@ -314,6 +326,7 @@ def train(args) -> Dict[str, Any]:
             # Ranks with fewer batches answer the others' gradient allreduces with zeros (counted out of the
             # average) until all are done; then every rank takes the model of the last rank to finish.
             algo.optimizer.join()
+        algo.settle()  # backup_sgd: closes the epoch's session before the metrics allreduce below
         # End of epoch: mean train loss over all ranks (a metrics allreduce, not a training sync).
         tot = torch.tensor([state["loss_sum"], float(state["loss_count"])], dtype=torch.float64)
         if dedicated:  # the server ranks are serving: the workers' own communicator

@@ -38,6 +38,26 @@ def test_option_not_belonging_to_algorithm(capsys):
     assert "--momentum applies to sgd, rmsprop and lars, not to adam" in err
 
 
+def test_backup_sgd_is_listed_and_refuses_what_it_cannot_serve(capsys):
+    from pycomm.train.cli import build_parser
+
+    text = build_parser().format_help()
+    assert "backup_sgd" in text and "--backup-workers" in text
+    err = error_of(capsys, ["--algorithm", "backup_sgd", "--compression", "fp16"])
+    assert "--compression does not apply to --algorithm backup_sgd; its options are: --backup-workers" in err
+    err = error_of(capsys, ["--algorithm", "backup_sgd", "--staleness", "2"])
+    assert "--staleness does not apply to --algorithm backup_sgd" in err
+    err = error_of(capsys, ["--algorithm", "backup_sgd", "--precision", "fp16"])
+    assert "--precision fp16 applies to --algorithm ssgd" in err
+    err = error_of(capsys, ["--algorithm", "backup_sgd", "--optimizer", "onebit_adam"])
+    assert "use it with --algorithm ssgd, not backup_sgd" in err
+    err = error_of(capsys, ["--algorithm", "ssgd", "--backup-workers", "1"])
+    assert "--backup-workers does not apply to --algorithm ssgd" in err
+    err = error_of(capsys, ["--algorithm", "backup_sgd", "--epochs", "1", *FAST])  # one rank: B = 1 is too many
+    assert ("pycomm-train: error: backup_sgd: backup_workers 1 >= the job's 1 rank(s) leaves no gradient to "
+            "count") in err
+
+
 def test_every_sample_needs_ssgd_uncompressed_per_epoch_checkpoints(capsys):
     assert "--every-sample needs --algorithm ssgd" in error_of(capsys, ["--every-sample", "--algorithm", "easgd"])
     assert "--every-sample needs --algorithm ssgd" in error_of(capsys, ["--every-sample", "--precision", "fp16"])
