@@ -20,7 +20,6 @@ same distance per sample.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Dict, List
@@ -75,8 +74,7 @@ def worker(opts) -> None:
                 summary = study_runner.train_quietly(argv)
                 if out:
                     rec = {"label": cfg["label"], "seed": seed, **summary, "straggler": straggler}
-                    out.write(json.dumps(rec) + "\n")
-                    out.flush()
+                    study_runner.append_record(out, rec)
                     print(f"{cfg['label']:<24} straggler {straggler or '-':>4} seed {seed}: acc "
                           f"{summary['final_test_accuracy']:.2f}%  {summary['wall_time_s']:.1f}s  staleness "
                           f"{summary.get('staleness_mean', '-')}/{summary.get('staleness_max', '-')}", flush=True)
@@ -85,11 +83,7 @@ def worker(opts) -> None:
 stats = study_runner.stats
 
 
-def time_to(rec: dict, target: float):
-    for pt in rec.get("curve", []):
-        if pt["test_accuracy"] >= target:
-            return pt["wall_time_s"]
-    return None
+time_to = study_runner.time_to
 
 
 def report(records: List[dict], opts) -> str:

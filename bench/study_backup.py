@@ -16,7 +16,6 @@ gradient (pycomm-train's summary ``counted_steps``). Writes ``study_backup.md`` 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Dict, List
@@ -55,8 +54,7 @@ def worker(opts) -> None:
                 summary = study_runner.train_quietly(argv)
                 if out:
                     rec = {"label": cfg["label"], "seed": seed, **summary, "straggler": straggler}
-                    out.write(json.dumps(rec) + "\n")
-                    out.flush()
+                    study_runner.append_record(out, rec)
                     print(f"{cfg['label']:<18} straggler {straggler or '-':>5} seed {seed}: acc "
                           f"{summary['final_test_accuracy']:.2f}%  {summary['wall_time_s']:.2f}s  counted "
                           f"{summary.get('counted_steps', '-')}", flush=True)
@@ -65,11 +63,7 @@ def worker(opts) -> None:
 stats = study_runner.stats
 
 
-def time_to(rec: dict, target: float):
-    for pt in rec.get("curve", []):
-        if pt["test_accuracy"] >= target:
-            return pt["wall_time_s"]
-    return None
+time_to = study_runner.time_to
 
 
 def report(records: List[dict], opts, command: str) -> str:

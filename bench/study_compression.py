@@ -13,7 +13,6 @@ same run, wall time), ``study_compression.json`` (every run) and
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Dict, List
@@ -54,8 +53,7 @@ def worker(opts) -> None:
             summary = study_runner.train_quietly(argv)
             if out:
                 rec = {"label": cfg["label"], "compression": cfg["compression"], "seed": seed, **summary}
-                out.write(json.dumps(rec) + "\n")
-                out.flush()
+                study_runner.append_record(out, rec)
                 print(f"{cfg['label']:<18} seed {seed}: acc {summary['final_test_accuracy']:.2f}%  "
                       f"sent {summary['bytes_sent']}  {summary['wall_time_s']:.1f}s", flush=True)
 

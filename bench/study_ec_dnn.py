@@ -14,7 +14,6 @@ beside the other studies.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Dict, List
@@ -55,8 +54,7 @@ def worker(opts) -> None:
                 summary = study_runner.train_quietly(argv)
                 if out:
                     rec = {"task": dataset, "label": cfg["label"], "seed": seed, **summary}
-                    out.write(json.dumps(rec) + "\n")
-                    out.flush()
+                    study_runner.append_record(out, rec)
                     print(f"{dataset} {cfg['label']:<22} seed {seed}: acc {summary['final_test_accuracy']:.2f}%  "
                           f"sent {summary['bytes_sent']}  {summary['wall_time_s']:.1f}s", flush=True)
 

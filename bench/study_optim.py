@@ -26,7 +26,6 @@ Writes study_optim.md (table), study_optim.json (every run) and study_optim.png.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -157,8 +156,7 @@ def worker(opts) -> None:
             for seed in opts.seeds:
                 rec = one_run(label, b, seed, opts.epochs, data)
                 if out:
-                    out.write(json.dumps(rec) + "\n")
-                    out.flush()
+                    study_runner.append_record(out, rec)
                     print(f"b={b:<4} {label:<22} seed {seed}: acc {rec['final_test_accuracy']:.2f}%  "
                           f"steps {rec['steps']}  {rec['wall_time_s']:.1f}s"
                           + (f"  DIVERGED: {rec['diverged']}" if rec["diverged"] else ""), flush=True)

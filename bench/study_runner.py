@@ -68,3 +68,17 @@ def stats(xs) -> tuple:
 
     a = np.asarray(xs, dtype=float)
     return float(a.mean()), (float(a.std(ddof=1)) if len(a) > 1 else 0.0)
+
+
+def append_record(out, rec: dict) -> None:
+    """One JSON line per run, flushed at once, so an interrupted study keeps every finished run."""
+    out.write(json.dumps(rec) + "\n")
+    out.flush()
+
+
+def time_to(rec: dict, target: float) -> Optional[float]:
+    """Wall time at which a run's evaluation curve first reached `target` accuracy, or None."""
+    for pt in rec.get("curve", []):
+        if pt["test_accuracy"] >= target:
+            return pt["wall_time_s"]
+    return None

@@ -13,7 +13,6 @@ rank, wall time), ``study_sync.json`` (every run) and ``study_sync.png``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Dict, List
@@ -68,8 +67,7 @@ def worker(opts) -> None:
             summary = study_runner.train_quietly(argv)
             if out:
                 rec = {"label": cfg["label"], "base": cfg.get("base"), "seed": seed, **summary}
-                out.write(json.dumps(rec) + "\n")
-                out.flush()
+                study_runner.append_record(out, rec)
                 print(f"{cfg['label']:<24} seed {seed}: acc {summary['final_test_accuracy']:.2f}%  "
                       f"syncs {summary['syncs']}  {summary['wall_time_s']:.1f}s", flush=True)
 
