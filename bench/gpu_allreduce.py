@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -97,19 +96,6 @@ def _max():
     return MPI.MAX
 
 
-def init_torch_distributed(comm, backend: str) -> None:
-    import torch.distributed as dist
-
-    port = None
-    if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-    port = comm.bcast(port, root=0)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank,
-                            world_size=comm.size)
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--min-bytes", default="1M", type=parse_size)
@@ -154,7 +140,9 @@ def main() -> int:
         dev, sync, backend, why = torch.device("cpu"), (lambda: None), "gloo", "CPU dry run"
         path = ("device-direct stand-in" if os.environ.get("PYCOMM_FORCE_DEVICE_DIRECT") == "1" else
                 "staged stand-in" if os.environ.get("PYCOMM_FORCE_STAGING") == "1" else "host path")
-    init_torch_distributed(comm, backend)
+    from pycomm.benchmark import init_torch_process_group
+
+    init_torch_process_group(comm, backend)
     import torch.distributed as dist
 
     compressions = [c for c in a.compressions.split(",") if c]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import time
@@ -44,7 +43,6 @@ def main() -> int:
     opts = p.parse_args()
 
     sys.path.insert(0, ROOT)
-    import numpy as np
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as tp
@@ -59,14 +57,10 @@ def main() -> int:
     pycomm.init()
     from mpi4py import MPI
 
+    from pycomm.benchmark import init_torch_process_group
+
     comm = MPI.COMM_WORLD
-    port = None
-    if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = comm.bcast(port, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=comm.size)
+    init_torch_process_group(comm, "gloo")
     n, me = comm.size, comm.rank
     data = load_dataset("synthetic-large")
 

@@ -60,3 +60,23 @@ def human_size(n: int) -> str:
         if n >= scale and n % scale == 0:
             return f"{n // scale} {unit}"
     return f"{n} B"
+
+
+def init_torch_process_group(comm, backend: str = "gloo") -> None:
+    """torch.distributed's init_process_group(backend) on `comm`'s ranks of one host, the reference that
+    pycomm's benchmarks and tests compare with: rank 0 picks a free local port, `comm` broadcasts it.
+    Does nothing if a default group exists already."""
+    import socket
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    port = None
+    if comm.rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=comm.size)
+
