@@ -113,13 +113,9 @@ def plot(records: List[dict], path: str) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--np", type=int, default=4)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    study_runner.add_job_arguments(p)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--out", default=os.path.join(HERE, "results"))
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--results", help=argparse.SUPPRESS)
     opts = p.parse_args()
     if opts.worker:
         worker(opts)

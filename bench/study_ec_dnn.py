@@ -87,16 +87,12 @@ def report(records: List[dict], opts, command: str) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--np", type=int, default=4)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    study_runner.add_job_arguments(p)
     p.add_argument("--tau", type=int, default=8)
     p.add_argument("--epochs-large", type=int, default=2)
     p.add_argument("--epochs-digits", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
-    p.add_argument("--out", default=os.path.join(HERE, "results"))
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--results", help=argparse.SUPPRESS)
     opts = p.parse_args()
     if opts.worker:
         worker(opts)

@@ -82,3 +82,16 @@ def time_to(rec: dict, target: float) -> Optional[float]:
         if pt["test_accuracy"] >= target:
             return pt["wall_time_s"]
     return None
+
+
+def add_job_arguments(p) -> None:
+    """The options every study takes: the job (--np, --seeds), where results go (--out), and the hidden
+    pair the launched job is run with (--worker, --results)."""
+    import argparse
+
+    p.add_argument("--np", type=int, default=4)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--results", help=argparse.SUPPRESS)
+
