@@ -29,13 +29,15 @@ from .groups import ProcessGroup, group_id
 from .runtime import topology
 
 
-def join(group: Optional[ProcessGroup] = None) -> int:
+def join(group: Optional[ProcessGroup] = None, answer_gathers: bool = True) -> int:
     """Answer the other ranks' operations until every rank has joined; returns the rank that joined last.
 
     group: a pycomm.new_group() group (default: all ranks); the returned rank is
-    then the group rank.
+    then the group rank. answer_gathers=False is Horovod's join: while this rank
+    is joined, the others' allgathers and broadcasts raise CommError on the ranks
+    that call them (this rank stays joined) instead of being answered.
     """
     topology()
     gid = group_id(group, "join")
     with record_function("pycomm.join"):
-        return int(_C.join(gid))
+        return int(_C.join(gid, bool(answer_gathers)))

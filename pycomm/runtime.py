@@ -324,6 +324,10 @@ OPTIONS = {
                       "send host tensors through the staging pipeline too (exercises it without a GPU)"),
     "force_device_direct": ("PYCOMM_FORCE_DEVICE_DIRECT", bool, False,
                             "treat host tensors as device memory under a CUDA-aware MPI (exercises that path)"),
+    "pair_by_name": ("PYCOMM_PAIR_BY_NAME", bool, False,
+                     "named operations pair across ranks by name, in any order, as Horovod's do (pycomm.horovod "
+                     "turns it on): one that some rank has not submitted yet waits aside without holding up the "
+                     "operations behind it; off: every operation pairs by submission order"),
 }
 
 

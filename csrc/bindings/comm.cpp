@@ -68,6 +68,7 @@ comm::EngineOptions options_from(const py::dict& d, comm::EngineOptions o) {
   if (d.contains("staging_chunk_bytes")) o.staging_chunk_bytes = d["staging_chunk_bytes"].cast<size_t>();
   if (d.contains("force_staging")) o.force_staging = d["force_staging"].cast<bool>();
   if (d.contains("force_device_direct")) o.force_device_direct = d["force_device_direct"].cast<bool>();
+  if (d.contains("pair_by_name")) o.pair_by_name = d["pair_by_name"].cast<bool>();
   if (d.contains("auto_table")) {
     o.auto_table.clear();
     for (auto item : d["auto_table"].cast<py::list>()) {
@@ -93,6 +94,7 @@ py::dict options_to(const comm::EngineOptions& o) {
   d["staging_chunk_bytes"] = o.staging_chunk_bytes;
   d["force_staging"] = o.force_staging;
   d["force_device_direct"] = o.force_device_direct;
+  d["pair_by_name"] = o.pair_by_name;
   py::list table;
   for (const auto& e : o.auto_table) table.append(py::make_tuple(e.first, comm::algorithm_name(e.second)));
   d["auto_table"] = table;

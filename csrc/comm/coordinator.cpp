@@ -27,7 +27,13 @@ constexpr double kAnswerWait_s = 2.0;
 
 // kJoinRun: a joined rank answers `count` operations (signatures follow);
 // kJoinDone: every rank has joined, `count` is the rank that joined last.
-enum DecisionStatus : int32_t { kRun = 0, kError = 1, kCoordinatorLeft = 2, kJoinRun = 3, kJoinDone = 4 };
+// pair_by_name: kNamed runs the operation whose name is the text; kNamedError fails it (text: the
+// name, a NUL, the message); kPark sets the head aside; kRetry runs nothing. kJoinSkip: a joined rank
+// answers nothing this round (the others' call was refused).
+enum DecisionStatus : int32_t {
+  kRun = 0, kError = 1, kCoordinatorLeft = 2, kJoinRun = 3, kJoinDone = 4,
+  kNamed = 5, kNamedError = 6, kPark = 7, kRetry = 8, kJoinSkip = 9,
+};
 
 struct Decision {
   int64_t round;
@@ -67,6 +73,8 @@ std::string rank_list(const std::vector<int>& ranks) {
 // Whether two ranks made the same call (the whole signature, or what Signature::cheap() keeps).
 bool same_call(const Signature& x, const Signature& y, bool full) {
   Signature a = full ? x : x.cheap(), b = full ? y : y.cheap();
+  a.flags &= ~Signature::kParked;  // one rank's copy may be parked, another's at its head
+  b.flags &= ~Signature::kParked;
   return std::memcmp(&a, &b, sizeof(Signature)) == 0;
 }
 
@@ -151,6 +159,7 @@ size_t Coordinator::agree(const std::vector<Signature>& proposal, const char* wh
   if (proposal.empty()) throw CommError("pycomm internal error: empty proposal");
   ++round_;
   join_ = JoinInfo{};
+  resolution_ = Resolution{};
   if (size_ == 1) {
     if (static_cast<Collective>(proposal.front().kind) == Collective::JOIN) {
       join_.done = true;
@@ -333,11 +342,15 @@ size_t Coordinator::coordinate(const std::vector<Signature>& mine, const char* w
     throw CommError(text);
   }
 
+  {
+    size_t decided = 0;
+    if (coordinate_by_name(all, staying, what, stall, full, &decided)) return decided;
+  }
   for (int r : staying)
     if (static_cast<Collective>(all[r].front().kind) == Collective::JOIN) return coordinate_join(all, what, full);
 
   // The operations run now: the longest prefix that every rank has ready.
-  size_t count = mine.size();
+  size_t count = all[0].size();
   for (int r : staying) count = std::min(count, all[r].size());
   if (staying.empty()) count = 1;  // every rank still here leaves: the shutdown round itself
   // Ranks must agree on every operation of the prefix. A disagreement past
@@ -434,6 +447,10 @@ size_t Coordinator::follow(const std::vector<Signature>& mine, const StallOption
     throw CommError("pycomm internal error: coordination rounds out of step (" + std::to_string(d.round) + " vs " +
                     std::to_string(round_) + ")");
   join_.joined = d.joined;
+  if (d.status == kPark || d.status == kRetry || d.status == kJoinSkip) {
+    resolution_.kind = d.status == kPark ? Resolution::PARK : Resolution::RETRY;
+    return 0;
+  }
   if (d.status == kJoinDone) {
     join_.done = true;
     join_.last_rank = d.count;
@@ -449,9 +466,201 @@ size_t Coordinator::follow(const std::vector<Signature>& mine, const StallOption
     std::string text(static_cast<size_t>(d.text_len), '\0');
     PYCOMM_MPI_CHECK(MPI_Recv(&text[0], d.text_len, MPI_CHAR, 0, kTagText, comm_, MPI_STATUS_IGNORE));
     if (d.status == kCoordinatorLeft) coordinator_left_ = "rank 0, which coordinates pycomm's operations, has left the job";
+    if (d.status == kNamed || d.status == kNamedError) {
+      const size_t nul = text.find('\0');
+      resolution_.kind = Resolution::NAMED;
+      resolution_.name = text.substr(0, nul);
+      if (d.status == kNamed) return 1;
+      throw CommError(text.substr(nul + 1));
+    }
     throw CommError(text);
   }
   return static_cast<size_t>(d.count);
+}
+
+// ---------------------------------------------------------------- pair_by_name
+
+void Coordinator::send_decisions(const std::vector<int32_t>& statuses, int32_t count, const std::string& text) {
+  std::vector<Decision> ds;
+  ds.reserve(static_cast<size_t>(size_));
+  std::vector<MPI_Request> reqs;
+  for (int r = 1; r < size_; ++r) {
+    if (left_[r]) continue;
+    const int32_t st = statuses[static_cast<size_t>(r)];
+    const bool with_text = st == kNamed || st == kNamedError || st == kError;
+    ds.push_back(Decision{static_cast<int64_t>(round_), st, count,
+                          static_cast<int32_t>(with_text ? text.size() : 0), 0});
+    reqs.emplace_back();
+    PYCOMM_MPI_CHECK(MPI_Isend(&ds.back(), sizeof(Decision), MPI_BYTE, r, kTagDecide, comm_, &reqs.back()));
+    if (with_text) {
+      reqs.emplace_back();
+      PYCOMM_MPI_CHECK(MPI_Isend(text.data(), static_cast<int>(text.size()), MPI_CHAR, r, kTagText, comm_,
+                                 &reqs.back()));
+    }
+  }
+  PYCOMM_MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+}
+
+bool Coordinator::coordinate_by_name(std::vector<std::vector<Signature>>& all, const std::vector<int>& staying,
+                                     const char* what, const StallOptions& stall, bool full, size_t* count) {
+  const size_t n = static_cast<size_t>(size_);
+  // Each rank's queue head (null when it proposes parked operations only).
+  std::vector<const Signature*> head(n, nullptr);
+  bool parked = false, heads_agree = true, joining = false;
+  const Signature* ref = nullptr;
+  for (int r : staying) {
+    const auto& p = all[static_cast<size_t>(r)];
+    if (!p.empty() && !(p[0].flags & Signature::kParked)) head[static_cast<size_t>(r)] = &p[0];
+    for (const Signature& s : p) parked = parked || (s.flags & Signature::kParked);
+    const Signature* h = head[static_cast<size_t>(r)];
+    if (!h) heads_agree = false;
+    else if (static_cast<Collective>(h->kind) == Collective::JOIN) joining = true;
+    if (h && !ref) ref = h;
+    else if (h && !same_call(*h, *ref, full)) heads_agree = false;
+  }
+  bool named_head = false;
+  for (int r : staying) {
+    const Signature* h = head[static_cast<size_t>(r)];
+    named_head = named_head || (h && (h->flags & Signature::kByName));
+  }
+  // Nothing set aside, and the heads agree or none pairs by name: the usual rule (which reports a
+  // disagreement as always).
+  if (!parked && (heads_agree || !named_head)) return false;
+  auto strip_parked = [&] {
+    for (int r : staying) {
+      auto& p = all[static_cast<size_t>(r)];
+      p.erase(std::remove_if(p.begin(), p.end(), [](const Signature& s) { return s.flags & Signature::kParked; }),
+              p.end());
+    }
+  };
+  auto stuck = [&](const char* why) {
+    // Nothing runs this round. Report (and abort) as a missing rank would be.
+    const auto now = std::chrono::steady_clock::now();
+    if (stuck_since_ == std::chrono::steady_clock::time_point{}) stuck_since_ = now;
+    const double waited = std::chrono::duration<double>(now - stuck_since_).count();
+    const bool warn = stall.warning_s > 0 && waited >= stall.warning_s && !stuck_warned_;
+    const bool abort_now = stall.abort_s > 0 && waited >= stall.abort_s;
+    if (!warn && !abort_now) return;
+    std::ostringstream msg;
+    msg << "pycomm stall: " << what << ": for " << static_cast<int>(waited) << " s no operation could run: " << why
+        << ". Operations each rank holds aside until every rank submits their names:";
+    for (int r : staying) {
+      msg << " rank " << r << ":";
+      size_t k = 0;
+      for (const Signature& s : all[static_cast<size_t>(r)])
+        if (s.flags & Signature::kParked) msg << (k++ ? ", " : " ") << s.describe();
+      if (k == 0) msg << " none";
+      if (const Signature* h = head[static_cast<size_t>(r)]) msg << " (queue head: " << h->describe() << ")";
+      msg << ";";
+    }
+    if (abort_now) msg << " Aborting the job (PYCOMM_STALL_ABORT_S=" << stall.abort_s << ").";
+    log_line(msg.str());
+    stuck_warned_ = true;
+    if (abort_now) MPI_Abort(MPI_COMM_WORLD, 3);
+  };
+  auto progressed = [&] {
+    stuck_since_ = {};
+    stuck_warned_ = false;
+  };
+
+  if (joining) {  // joined ranks answer the others' heads; what is parked waits until the join ends
+    bool every_head = true;
+    for (int r : staying) every_head = every_head && head[static_cast<size_t>(r)];
+    strip_parked();
+    if (every_head) {
+      progressed();
+      return false;
+    }
+    send_decisions(std::vector<int32_t>(n, kRetry), 0, "");
+    resolution_.kind = Resolution::RETRY;
+    stuck("a rank has joined (pycomm.join()) while another holds only named operations aside");
+    *count = 0;
+    return true;
+  }
+
+  // 1. A named operation every rank has, at its head or parked, runs now, alone: the first one
+  //    found in rank order (rank 0's head, then rank 0's parked ones in order, then rank 1's ...).
+  auto named = [&](int r, const char* name) -> const Signature* {
+    const auto& p = all[static_cast<size_t>(r)];
+    for (size_t i = 0; i < p.size(); ++i) {
+      const Signature& s = p[i];
+      const bool candidate = (s.flags & Signature::kParked) || (i == 0 && (s.flags & Signature::kByName));
+      if (candidate && (s.flags & Signature::kByName) && std::strncmp(s.name, name, Signature::kNameLen) == 0)
+        return &s;
+    }
+    return nullptr;
+  };
+  for (int r : staying) {
+    const auto& p = all[static_cast<size_t>(r)];
+    for (size_t i = 0; i < p.size(); ++i) {
+      const Signature& s = p[i];
+      if (!(s.flags & Signature::kByName) || (i > 0 && !(s.flags & Signature::kParked))) continue;
+      std::vector<const Signature*> match(n, nullptr);
+      bool everywhere = true;
+      for (int q : staying) everywhere = everywhere && (match[static_cast<size_t>(q)] = named(q, s.name)) != nullptr;
+      if (!everywhere) continue;
+      std::string error;
+      const Signature& first = *match[static_cast<size_t>(staying.front())];
+      bool agree = true;
+      for (int q : staying) agree = agree && same_call(*match[static_cast<size_t>(q)], first, full);
+      if (!agree) {
+        std::map<std::string, std::vector<int>> groups;
+        std::vector<std::string> order;
+        for (int q : staying) {
+          const Signature& m = *match[static_cast<size_t>(q)];
+          std::string d = full ? m.describe() : m.cheap().describe();
+          if (!groups.count(d)) order.push_back(d);
+          groups[d].push_back(q);
+        }
+        std::ostringstream msg;
+        msg << what << ": ranks disagree on the call named '" << std::string(s.name) << "': ";
+        for (size_t g = 0; g < order.size(); ++g)
+          msg << (g ? "; " : "") << rank_list(groups[order[g]]) << " passed " << order[g];
+        msg << ". Operations of the same name must match on every rank.";
+        error = msg.str();
+      }
+      const std::string name(s.name, strnlen(s.name, Signature::kNameLen));
+      send_decisions(std::vector<int32_t>(n, error.empty() ? kNamed : kNamedError), 1,
+                     error.empty() ? name : name + std::string(1, '\0') + error);
+      resolution_.kind = Resolution::NAMED;
+      resolution_.name = name;
+      progressed();
+      if (!error.empty()) throw CommError(error);
+      *count = 1;
+      return true;
+    }
+  }
+
+  // 2. Every rank has a head and they agree: the usual rule; parked operations stay aside.
+  if (heads_agree) {
+    strip_parked();
+    progressed();
+    return false;
+  }
+
+  // 3. Ranks whose head is a named operation that not every rank has set it aside; the others
+  //    propose again (with what they have submitted since).
+  std::vector<int32_t> statuses(n, kRetry);
+  bool parks = false;
+  for (int r : staying) {
+    const Signature* h = head[static_cast<size_t>(r)];
+    if (h && (h->flags & Signature::kByName)) statuses[static_cast<size_t>(r)] = kPark, parks = true;
+  }
+  if (!parks) {
+    bool every_head = true;
+    for (int r : staying) every_head = every_head && head[static_cast<size_t>(r)];
+    if (every_head) {  // heads that pair by order disagree: the usual error
+      strip_parked();
+      progressed();
+      return false;
+    }
+  }
+  send_decisions(statuses, 0, "");
+  resolution_.kind = statuses[0] == kPark ? Resolution::PARK : Resolution::RETRY;
+  if (parks) progressed();  // a rank moved on to the operations behind its head
+  else stuck("every rank's head waits for a named operation another rank has not submitted");
+  *count = 0;
+  return true;
 }
 
 // ---------------------------------------------------------------- join
@@ -508,6 +717,10 @@ size_t Coordinator::coordinate_join(const std::vector<std::vector<Signature>>& a
   const int32_t njoined = static_cast<int32_t>(joining.size());
   join_ = JoinInfo{};
   join_.joined = njoined;
+  // Horovod's join (JOIN with extra = 1): allgathers and broadcasts are refused while such a rank
+  // is joined, and errors reach only the ranks that made the call; the joined ranks stay joined.
+  bool horovod_join = false;
+  for (int r : joining) horovod_join = horovod_join || all[static_cast<size_t>(r)].front().extra == 1;
   if (active.empty()) {  // every rank has joined: the join ends everywhere
     const int last = last_joined_;
     joined_.assign(static_cast<size_t>(size_), false);
@@ -527,6 +740,9 @@ size_t Coordinator::coordinate_join(const std::vector<std::vector<Signature>>& a
     bool agree = true;
     for (int r : active) agree = agree && same_call(all[r][i], ref[i], full);
     std::string why = agree ? unanswerable(ref[i], joined_) : "";
+    const auto kind = static_cast<Collective>(ref[i].kind);
+    if (agree && why.empty() && horovod_join && (kind == Collective::ALLGATHER || kind == Collective::BROADCAST))
+      why = std::string("Horovod's join refuses ") + kind_name(ref[i].kind) + " while a rank has joined";
     if ((!agree || !why.empty()) && i > 0) {
       count = i;  // reported in the round in which it comes first
       break;
@@ -551,6 +767,14 @@ size_t Coordinator::coordinate_join(const std::vector<std::vector<Signature>>& a
               " joined (pycomm.join()) and cannot take part in " + ref[i].describe() + " submitted by " +
               rank_list(active) + ": " + why + ".";
     }
+  }
+  if (!error.empty() && horovod_join) {  // the callers fail; the joined ranks wait for the next round
+    std::vector<int32_t> statuses(static_cast<size_t>(size_), kError);
+    for (int r : joining) statuses[static_cast<size_t>(r)] = kJoinSkip;
+    send_decisions(statuses, 1, error);
+    if (!joined_[0]) throw CommError(error);
+    resolution_.kind = Resolution::RETRY;
+    return 0;
   }
   if (!error.empty()) {
     send_join_decisions(kError, 1, njoined, error, nullptr);

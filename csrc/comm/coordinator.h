@@ -1,5 +1,13 @@
 // Agreement between ranks before every operation, and the stall watchdog.
 //
+// Named operations under EngineOptions::pair_by_name (Horovod's rule) pair by
+// name in any order: a rank whose queue head is a named operation that some
+// rank has not submitted sets it aside ("parks" it) and goes on with the
+// operations behind it; a parked operation runs, alone, in the first round in
+// which every rank has it (at its head or parked). Proposals carry the parked
+// signatures after the head batch (flag kParked). Every other operation pairs
+// by submission order.
+//
 // Each round, every rank sends rank 0 (the coordinator) its proposal: the
 // signatures (kind, dtype, shape, op, algorithm, root, name) of the
 // operations at the head of its queue that could run now -- one, or several
@@ -49,6 +57,10 @@ enum class Collective : int32_t {
 struct Signature {
   static constexpr int kMaxDims = 6;
   static constexpr int kNameLen = 48;
+  // EngineOptions::pair_by_name: this named operation pairs across ranks by name, in any order.
+  static constexpr int32_t kByName = 1;
+  // In a proposal: an operation a rank has set aside until every rank submits its name (not its queue's head).
+  static constexpr int32_t kParked = 2;
   int32_t kind = 0;
   int32_t dtype = -1;
   int32_t op = -1;         // ReduceOp, or -1
@@ -57,6 +69,8 @@ struct Signature {
   int32_t ndim = 0;
   int32_t extra = 0;       // allreduce: 1 for op=avg
   int32_t device = 0;      // Device: one rank passing CPU memory and another CUDA memory is an error
+  int32_t flags = 0;       // kByName, kParked
+  int32_t reserved = 0;    // keeps the struct free of padding (signatures are compared with memcmp)
   int64_t numel = 0;       // -1: not compared (allgather's first dimension may differ)
   int64_t dims[kMaxDims] = {0};
   char name[kNameLen] = {0};
@@ -77,6 +91,14 @@ struct JoinInfo {
   bool done = false;    // this rank proposed JOIN and every rank has joined
   int last_rank = -1;   // when done: the rank that joined last
   std::vector<Signature> ops;  // this rank proposed JOIN: the operations it answers now (the others' batch)
+};
+
+// What a round decided besides "run the first `count` operations of the head batch".
+struct Resolution {
+  enum Kind { HEAD, NAMED, PARK, RETRY } kind = HEAD;
+  // NAMED: run the operation named `name` alone (the head, or a parked one).
+  // PARK: set the head aside. RETRY: nothing runs; propose again.
+  std::string name;
 };
 
 struct StallOptions {
@@ -104,6 +126,8 @@ class Coordinator {
   // After agree(): how many ranks have joined, and for a rank that proposed
   // JOIN what it answers now (or that every rank has joined).
   const JoinInfo& join_info() const { return join_; }
+  // After agree(), also when it threw: which operation the round was about (pair_by_name).
+  const Resolution& resolution() const { return resolution_; }
 
   // Called by an idle engine between operations: answer the coordinator's
   // stall query, if one came, with `status()`. Cheap (one MPI_Iprobe).
@@ -119,6 +143,13 @@ class Coordinator {
   // Rank 0: send every other rank the decision (plus `text`, or to the joined ranks `ops`).
   void send_join_decisions(int32_t status, int32_t count, int32_t joined, const std::string& text,
                            const Signature* ops);
+  // Rank 0, pair_by_name: decides the round when a parked operation or a
+  // named head that not every rank shares is involved; returns false to leave it to the usual rule
+  // (with the parked signatures removed from `all`).
+  bool coordinate_by_name(std::vector<std::vector<Signature>>& all, const std::vector<int>& staying, const char* what,
+                          const StallOptions& stall, bool full, size_t* count);
+  // Rank 0: one decision per rank (statuses[r]), with the same text for all.
+  void send_decisions(const std::vector<int32_t>& statuses, int32_t count, const std::string& text);
 
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
@@ -128,6 +159,10 @@ class Coordinator {
   std::vector<bool> joined_;      // rank 0: ranks inside pycomm.join()
   int last_joined_ = -1;          // rank 0: the rank that joined last
   JoinInfo join_;
+  Resolution resolution_;
+  // Rank 0, pair_by_name: since when rounds have only parked or retried (nothing ran), for stall reports.
+  std::chrono::steady_clock::time_point stuck_since_{};
+  bool stuck_warned_ = false;
 };
 
 // Wait politely: spin briefly, then yield, then sleep in short steps, so a

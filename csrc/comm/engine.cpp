@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <sstream>
 
 #include "../kernels/fusion.h"
@@ -161,7 +162,7 @@ uint64_t options_hash(const EngineOptions& o) {
   std::ostringstream s;
   s << o.ring_chunk_bytes << ',' << o.shm_chunk_bytes << ',' << o.auto_ring_min_bytes << ',' << o.check_consistency << ','
     << o.fusion_threshold_bytes << ',' << o.cycle_time_ms << ',' << o.staging_chunk_bytes << ',' << o.force_staging
-    << ',' << o.force_device_direct;
+    << ',' << o.force_device_direct << ',' << o.pair_by_name;
   for (const auto& e : o.auto_table) s << ';' << e.first << ':' << static_cast<int>(e.second);
   return std::hash<std::string>{}(s.str()) & 0x7fffffffffffffffULL;
 }
@@ -209,19 +210,34 @@ ShmWindow& Engine::shm() {
 
 // ---------------------------------------------------------------- queueing
 
+void Engine::mark_by_name(Op& op) const {
+  if (!options_.pair_by_name || op.sig.name[0] == '\0') return;
+  switch (static_cast<Collective>(op.sig.kind)) {
+    case Collective::ALLREDUCE: case Collective::BROADCAST: case Collective::ALLGATHER:
+    case Collective::REDUCE_SCATTER: case Collective::ALLTOALL: case Collective::REDUCE:
+    case Collective::GATHER: case Collective::SCATTER:
+      op.sig.flags |= Signature::kByName;
+      return;
+    default:  // barriers, joins, options, shutdown, sessions, compressed allreduces: by order
+      return;
+  }
+}
+
 WorkPtr Engine::enqueue(Op op, bool inline_if_idle) {
   op.submitted = std::chrono::steady_clock::now();
   op.work->ready = take_submit_event();  // the submitter's stream-order event (device_event.h), if any
   WorkPtr work = op.work;
   std::unique_lock<std::mutex> lock(mu_);
   if (stopping_) throw CommError("pycomm engine is shutting down");
+  mark_by_name(op);
   if (inline_if_idle && queue_.empty() && !busy_) {
     busy_ = true;
     active_ = options_;
     lock.unlock();
     std::vector<Op*> batch{&op};
-    execute(batch);
+    const size_t ran = execute(batch);
     lock.lock();
+    if (ran == 0) queue_.push_front(std::move(op));  // pair_by_name: not this round; the worker proposes it again
     busy_ = false;
     // Wake the worker only if it has something to do: waking it after every inline call cost
     // a futex wake and two context switches per blocking allreduce (perf, bench/latency.py).
@@ -260,8 +276,8 @@ void Engine::loop() {
   for (;;) {
     std::unique_lock<std::mutex> lock(mu_);
     // While idle, answer the coordinator's stall queries every 100 ms.
-    while (!cv_.wait_for(lock, std::chrono::milliseconds(100),
-                         [this] { return !busy_ && (!queue_.empty() || stopping_); })) {
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(parked_.empty() ? 100 : 10),
+                         [this] { return !busy_ && (!queue_.empty() || stopping_ || parked_due()); })) {
       if (busy_) continue;
       busy_ = true;
       lock.unlock();
@@ -273,19 +289,44 @@ void Engine::loop() {
       lock.lock();
       busy_ = false;
     }
-    if (queue_.empty()) return;  // stopping, and everything submitted has run
+    if (queue_.empty() && (stopping_ || !parked_due())) {
+      if (!stopping_) continue;
+      // Stopping, and everything submitted has run but what waited for other ranks' names.
+      std::deque<Op> never = std::move(parked_);
+      parked_.clear();
+      lock.unlock();
+      for (Op& op : never)
+        op.work->finish(std::make_exception_ptr(CommError(
+            "pycomm: " + op.sig.describe() + " was never submitted by every rank before the engine shut down "
+            "(named operations pair by name: pair_by_name)")));
+      return;
+    }
     busy_ = true;
     active_ = options_;
+    if (queue_.empty()) {  // pair_by_name: propose the parked operations alone
+      lock.unlock();
+      std::vector<Op*> none;
+      execute(none);
+      lock.lock();
+      busy_ = false;
+      lock.unlock();
+      cv_.notify_all();
+      continue;
+    }
 
     auto compatible_ops = [this](const Op& head, const Op& next) { return compatible(head, next); };
     const bool fusion = fuses(active_, queue_.front());
     auto head_batch = [&](std::vector<Op*>* batch) {
       return take_batch(queue_.begin(), queue_.end(), fusion, active_.fusion_threshold_bytes, compatible_ops, batch);
     };
-    if (fusion) {  // give the head a cycle to gather company
+    // pair_by_name: a named operation also waits out the cycle, as Horovod's background thread takes
+    // new operations once per cycle; its name is in flight at least that long (a caller that waits
+    // flushes it at once).
+    const bool by_name = (queue_.front().sig.flags & Signature::kByName) && active_.cycle_time_ms > 0;
+    if (fusion || by_name) {  // give the head a cycle to gather company
       auto deadline = queue_.front().submitted +
                       std::chrono::microseconds(static_cast<int64_t>(active_.cycle_time_ms * 1000.0));
-      cv_.wait_until(lock, deadline, [&] { return stopping_ || flush_ || !head_batch(nullptr); });
+      cv_.wait_until(lock, deadline, [&] { return stopping_ || flush_ || (fusion && !head_batch(nullptr)); });
     }
     flush_ = false;
     std::vector<Op*> batch;
@@ -313,26 +354,75 @@ size_t Engine::execute(std::vector<Op*>& batch) {
   // on every rank instead of overrunning a buffer, and ranks that left are
   // noticed. The shutdown round waits without stall reports: ranks may
   // legitimately finish at different times.
-  if (static_cast<Collective>(batch.front()->sig.kind) == Collective::JOIN) return execute_join(batch);
+  if (!batch.empty() && static_cast<Collective>(batch.front()->sig.kind) == Collective::JOIN)
+    return execute_join(batch);
   size_t count = 1;
   std::exception_ptr error;
-  std::vector<Signature> proposal;
-  proposal.reserve(batch.size());
-  for (Op* op : batch) proposal.push_back(op->sig);
+  std::vector<Signature> heads;
+  heads.reserve(batch.size());
+  for (Op* op : batch) heads.push_back(op->sig);
+  std::vector<Signature> proposal = heads;
+  for (const Op& p : parked_) {  // pair_by_name: what waits aside is proposed after the head batch
+    proposal.push_back(p.sig);
+    proposal.back().flags |= Signature::kParked;
+  }
   std::vector<timeline::Clock::time_point> submitted;
   if (timeline::on())
     for (Op* op : batch) submitted.push_back(op->submitted);
-  timeline::Batch tl(proposal, submitted);
+  std::optional<timeline::Batch> tl;
+  if (!batch.empty()) tl.emplace(heads, submitted);
+  const Op& first = batch.empty() ? parked_.front() : *batch.front();
   try {
-    const char* what = batch.front()->fusable ? "pycomm.allreduce" : "pycomm";
-    const bool leaving = static_cast<Collective>(batch.front()->sig.kind) == Collective::SHUTDOWN;
+    const char* what = first.fusable ? "pycomm.allreduce" : "pycomm";
+    const bool leaving = static_cast<Collective>(first.sig.kind) == Collective::SHUTDOWN;
     count = coordinator_.agree(proposal, what, leaving ? StallOptions{0.0, 0.0} : active_.stall,
                                active_.check_consistency);
   } catch (...) {
     error = std::current_exception();
     count = 1;
   }
-  tl.decided(count);
+  // pair_by_name: the round may have set the head aside, run nothing, or picked a named operation.
+  const Resolution& res = coordinator_.resolution();
+  size_t popped = count;  // operations taken from the queue's head
+  Op taken;               // a parked operation that runs now
+  switch (res.kind) {
+    case Resolution::PARK: {
+      std::lock_guard<std::mutex> lock(mu_);
+      parked_.push_back(std::move(*batch.front()));
+      parked_retry_at_ = {};
+      return 1;
+    }
+    case Resolution::RETRY: {
+      std::lock_guard<std::mutex> lock(mu_);
+      parked_retry_at_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(10);
+      return 0;
+    }
+    case Resolution::NAMED: {
+      auto is_named = [&](const Op& op) {
+        return (op.sig.flags & Signature::kByName) && res.name == op.sig.name;
+      };
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = std::find_if(parked_.begin(), parked_.end(), is_named);  // the oldest first
+      if (it != parked_.end()) {
+        taken = std::move(*it);
+        parked_.erase(it);
+        batch.assign(1, &taken);
+        popped = 0;
+      } else if (batch.empty() || !is_named(*batch.front())) {
+        throw CommError("pycomm internal error: the round chose '" + res.name + "', which this rank does not hold");
+      } else {
+        batch.resize(1);
+        popped = 1;
+      }
+      count = 1;
+      break;
+    }
+    case Resolution::HEAD:
+      break;
+  }
+  if (batch.empty()) return 0;
+  if (tl && popped == 0) tl.reset();  // a parked operation runs: not the batch the timeline opened
+  if (tl) tl->decided(count);
   if (!error) {
     try {
       await_ready(batch, count);
@@ -382,7 +472,7 @@ size_t Engine::execute(std::vector<Op*>& batch) {
     idle_since_ = std::chrono::steady_clock::now();
   }
   for (size_t i = 0; i < count; ++i) batch[i]->work->finish(error);
-  return count;
+  return popped;
 }
 
 // ---------------------------------------------------------------- allreduce
@@ -651,6 +741,7 @@ std::vector<WorkPtr> Engine::allreduce_group(const std::vector<AllreduceArgs>& a
   }
   std::unique_lock<std::mutex> lock(mu_);
   if (stopping_) throw CommError("pycomm engine is shutting down");
+  for (Op& op : ops) mark_by_name(op);
   if (blocking && queue_.empty() && !busy_ && !ops.empty()) {
     // An idle engine runs the group on the caller's thread, as a blocking allreduce runs inline:
     // no hand-off to the worker, whose wake-up on a loaded machine can cost a scheduler time slice.
@@ -664,9 +755,12 @@ std::vector<WorkPtr> Engine::allreduce_group(const std::vector<AllreduceArgs>& a
       std::vector<Op*> batch;
       auto head = ops.begin() + static_cast<std::ptrdiff_t>(first);
       take_batch(head, ops.end(), fuses(active_, *head), active_.fusion_threshold_bytes, compatible_ops, &batch);
-      first += execute(batch);
+      const size_t ran = execute(batch);
+      if (ran == 0) break;  // pair_by_name: not this round; the worker proposes the rest again
+      first += ran;
     }
     lock.lock();
+    for (size_t i = ops.size(); i > first; --i) queue_.push_front(std::move(ops[i - 1]));
     busy_ = false;
     const bool wake = !queue_.empty() || stopping_;
     lock.unlock();

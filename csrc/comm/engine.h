@@ -47,6 +47,10 @@ struct EngineOptions {
   size_t staging_chunk_bytes = size_t(4) << 20;  // device data travels through host chunks of this size
   bool force_staging = false;  // send host buffers through the staging pipeline too (tests its logic on CPU)
   bool force_device_direct = false;  // treat host buffers as device memory under a CUDA-aware MPI (same purpose)
+  // Named operations pair across ranks by name, in any order (Horovod's rule; pycomm.horovod turns it
+  // on): one that some rank has not submitted waits aside without holding up the operations behind
+  // it (coordinator.h). Off: every operation pairs by submission order.
+  bool pair_by_name = false;
   // Measured choices for "auto" (pycomm-tune): messages up to .first bytes use
   // .second; sorted by size. Empty: the built-in rule in Engine::resolve.
   std::vector<std::pair<size_t, Algorithm>> auto_table;
@@ -166,8 +170,10 @@ class Engine {
   // rank has joined it answers the others' allreduces (with the reduction's
   // identity: zeros for sum/avg, counted out of the average), broadcasts,
   // allgathers (no rows) and barriers. Sets `*last_rank` to the rank that
-  // joined last. Blocks until every rank has joined.
-  WorkPtr join(std::shared_ptr<int> last_rank, bool blocking = true);
+  // joined last. Blocks until every rank has joined. `answer_gathers` false (Horovod's join): while
+  // this rank is joined, the others' allgathers and broadcasts raise CommError on the ranks that
+  // made them, and this rank stays joined.
+  WorkPtr join(std::shared_ptr<int> last_rank, bool blocking = true, bool answer_gathers = true);
   // A backup-worker session (backup_allreduce.h/.cpp): queued like any operation, agreed by one
   // coordination round, then it runs until every rank has closed it. The Work ends with it.
   WorkPtr backup_session(std::shared_ptr<BackupSession> session);
@@ -238,6 +244,8 @@ class Engine {
   };
 
   WorkPtr enqueue(Op op, bool inline_if_idle);
+  // pair_by_name: flag a named data operation to pair by name (with mu_ held: reads options_).
+  void mark_by_name(Op& op) const;
   Op allreduce_op(const AllreduceArgs& args, std::shared_ptr<void> keepalive);
   void loop();
   // Coordinate and run `batch` (taken from the queue head); returns how many ran.
@@ -288,6 +296,13 @@ class Engine {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Op> queue_;
+  // pair_by_name: operations set aside until every rank has submitted their names. Changed by the
+  // executing thread only (the one holding busy_), under mu_.
+  std::deque<Op> parked_;
+  // When a rank holding parked operations, with nothing queued, proposes them again (a round
+  // that ran nothing asks it to wait for a submission or this moment, whichever comes first).
+  std::chrono::steady_clock::time_point parked_retry_at_{};
+  bool parked_due() const { return !parked_.empty() && std::chrono::steady_clock::now() >= parked_retry_at_; }
   bool stopping_ = false;
   bool busy_ = false;  // an operation is running (on the worker or inline on a caller)
   bool flush_ = false;  // flush(): skip the rest of the fusion cycle

@@ -8,14 +8,18 @@
 //   broadcast   it receives and discards (from a root that has not joined);
 //   allgather   it contributes no rows;
 //   barrier     it enters the barrier.
+// Horovod's join (answer_gathers=false) refuses allgathers and broadcasts
+// instead: the ranks that called them get CommError and the joined ranks stay.
 // Anything else raises CommError on every rank (coordinator_join in
 // coordinator.cpp decides). Each round is one coordination round in which the
 // joined ranks propose JOIN and are sent the others' batch; the data movement
 // is then exactly the others' (same algorithm, sizes and fusion), so every
 // algorithm works unchanged.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <limits>
+#include <thread>
 
 #include "../kernels/reduce.h"
 #include "algorithms.h"
@@ -69,9 +73,10 @@ void fill_identity(void* p, size_t n, DType dtype, ReduceOp op) {
 
 }  // namespace
 
-WorkPtr Engine::join(std::shared_ptr<int> last_rank, bool blocking) {
+WorkPtr Engine::join(std::shared_ptr<int> last_rank, bool blocking, bool answer_gathers) {
   Signature sig;
   sig.kind = static_cast<int32_t>(Collective::JOIN);
+  sig.extra = answer_gathers ? 0 : 1;  // coordinator.cpp: refuse the others' allgathers and broadcasts
   return submit_custom(sig, "join", nullptr, [this, last_rank] { *last_rank = join_last_; }, blocking);
 }
 
@@ -89,6 +94,12 @@ size_t Engine::execute_join(std::vector<Op*>& batch) {
     for (;;) {
       timeline::Phase phase("NEGOTIATE");
       coordinator_.agree(proposal, "pycomm.join", active_.stall, active_.check_consistency);
+      if (coordinator_.resolution().kind == Resolution::RETRY) {
+        // Nothing for this rank this round: the others' call was refused (Horovod's join), or a
+        // rank holds only named operations aside (pair_by_name) and proposes again shortly.
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
       const JoinInfo& info = coordinator_.join_info();
       if (info.done) {
         join_last_ = info.last_rank;
