@@ -7,11 +7,13 @@ import pycomm
 def join(device=-1) -> int:
     """This rank has no more batches: answer the others' allreduces with zeros until every rank joined.
 
-    Returns the rank that joined last (Horovod's join); see pycomm.join. `device`
-    is accepted for Horovod compatibility (a joined rank answers with host buffers).
+    Returns the rank that joined last (Horovod's join); see pycomm.join. As in
+    Horovod, the others' allgathers and broadcasts raise while this rank is joined.
+    `device` is accepted for Horovod compatibility (a joined rank answers with host
+    buffers).
     """
     del device
-    return pycomm.join()
+    return pycomm.join(answer_gathers=False)
 
 
 def start_timeline(file_path, mark_cycles=False) -> None:

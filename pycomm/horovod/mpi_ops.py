@@ -58,6 +58,9 @@ def init(comm=None, process_sets=None) -> None:
             raise ValueError("pycomm.horovod.init: comm= as a list of ranks must name every rank; for a subset use "
                              "hvd.add_process_set(ranks)")
     pycomm.init()
+    # Horovod pairs named operations by name in any order, not by submission order.
+    if not pycomm.get_options()["pair_by_name"]:
+        pycomm.set_options(pair_by_name=True)
     if process_sets == "dynamic":
         return
     for ps in process_sets or ():
@@ -235,25 +238,33 @@ def _scaled(t, factor):
     return (t.to(torch.float64) * factor).to(t.dtype)
 
 
-def _scale_(t, factor) -> None:
-    """t *= factor in place, with _scaled's arithmetic."""
+def _postscale_(t, factor, n: int = 1) -> None:
+    """t *= factor / n in place: Horovod's postscale, n the set's size for Average (1 otherwise).
+    Floating types are multiplied by `factor`, then divided by n: a correctly rounded quotient, where a
+    multiplication by 1/n can be one rounding step off (at n = 3, for a third of small integers).
+    Integers as Horovod scales them: x * (factor / n) in float64, truncated toward zero."""
+    if factor == 1.0 and n == 1:
+        return
     if t.dtype.is_floating_point:
-        t.mul_(factor)
+        if factor != 1.0:
+            t.mul_(factor)
+        if n != 1:
+            t.div_(n)
     else:
-        t.copy_(_scaled(t, factor))
+        t.copy_(_scaled(t, factor / n))
 
 
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def _int_average(op: int, dtype, postscale_factor, n: int):
-    """Horovod's Average: a Sum, then the result times postscale/n (integers in float64, truncated),
-    n the set's size also while ranks have joined (they add zeros). Returns (op, postscale) to run.
+def _int_average(op: int, dtype, n: int):
+    """Horovod's Average: a Sum, then the result times postscale/n (_postscale_), n the set's size also
+    while ranks have joined (they add zeros). Returns (op to run, n to divide by afterwards).
     fp16/bf16 keep pycomm's op='avg', which divides before the sum (a sum of large fp16 values
     overflows before a later division could help)."""
     if op == Average and dtype not in _HALF:
-        return Sum, postscale_factor / n
-    return op, postscale_factor
+        return Sum, n
+    return op, 1
 
 
 def _prepare(tensor, output, prescale_factor):
@@ -278,7 +289,7 @@ def _allreduce_start(tensor, output, name, op, prescale_factor, postscale_factor
     group = _group(process_set, what)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"pycomm.horovod.{what}: expected a torch.Tensor, got {type(tensor).__name__}")
-    op, postscale_factor = _int_average(op, tensor.dtype, postscale_factor, _set_size(process_set))
+    op, divisor = _int_average(op, tensor.dtype, _set_size(process_set))
     if op == Product:
         n = process_set.size() if process_set is not None else size()
         flat = tensor.detach().reshape(1, -1).contiguous()
@@ -297,8 +308,7 @@ def _allreduce_start(tensor, output, name, op, prescale_factor, postscale_factor
         with torch.no_grad():
             if out is not output:
                 output.copy_(out)
-            if postscale_factor != 1.0:
-                _scale_(output, postscale_factor)
+            _postscale_(output, postscale_factor, divisor)
         return output
 
     return _register([h], finish, (src, out, output))
@@ -375,10 +385,11 @@ def _grouped_start(tensors, outputs, name, op, prescale_factor, postscale_factor
         return _register_group([_allreduce_start(t, o, f"{name}.{i}" if name else None, op, prescale_factor,
                                                  postscale_factor, process_set)
                                 for i, (t, o) in enumerate(zip(tensors, outputs))])
+    divisor = 1
     if op == Average:
         halves = [t.dtype in _HALF for t in tensors]
         if not any(halves):  # Horovod's Average (_int_average): one sum, then postscale / n
-            op, postscale_factor = Sum, postscale_factor / _set_size(process_set)
+            op, divisor = Sum, _set_size(process_set)
         elif not all(halves):  # fp16/bf16 mixed with other dtypes: each tensor on its own path
             return _register_group([_allreduce_start(t, o, f"{name}.{i}" if name else None, op, prescale_factor,
                                                      postscale_factor, process_set)
@@ -398,8 +409,7 @@ def _grouped_start(tensors, outputs, name, op, prescale_factor, postscale_factor
             for out, output in zip(outs, outputs):
                 if out is not output:
                     output.copy_(out)
-                if postscale_factor != 1.0:
-                    _scale_(output, postscale_factor)
+                _postscale_(output, postscale_factor, divisor)
         return list(outputs)
 
     return _register([h], finish, (srcs, outs, outputs))
@@ -680,7 +690,7 @@ def _reducescatter_start(tensors, name, op, process_set, prescale_factor, postsc
     for i, tensor in enumerate(tensors):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"pycomm.horovod.{what}: expected a torch.Tensor, got {type(tensor).__name__}")
-        t_op, post = _int_average(op, tensor.dtype, postscale_factor, n)
+        t_op, post = _int_average(op, tensor.dtype, n)
         src = tensor.detach()
         if prescale_factor != 1.0:
             src = _scaled(src, prescale_factor)
@@ -694,8 +704,7 @@ def _reducescatter_start(tensors, name, op, process_set, prescale_factor, postsc
         outs = []
         for h, post in zip(handles, posts):
             out = h.wait()
-            if post != 1.0:
-                _scale_(out, post)
+            _postscale_(out, postscale_factor, post)
             outs.append(out)
         return outs
 

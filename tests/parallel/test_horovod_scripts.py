@@ -44,6 +44,13 @@ def same_state(a, b, rtol=0.0, atol=0.0):
         np.testing.assert_allclose(a[k].double().numpy(), b[k].double().numpy(), rtol=rtol, atol=atol, err_msg=k)
 
 
+def same_metric(got, native, keys):
+    # One float32 rounding step: |a - b| <= 2**-23 |a| (the two averages' only difference).
+    for k in keys:
+        np.testing.assert_allclose(np.asarray(got[k], dtype=np.float64), np.asarray(native[k], dtype=np.float64),
+                                   rtol=2.0 ** -23, atol=0.0, err_msg=k)
+
+
 def test_mnist_script_matches_native_and_single_process():
     hvd_script = load_horovod_script("pytorch_mnist")
     import pytorch_mnist_native
@@ -51,9 +58,10 @@ def test_mnist_script_matches_native_and_single_process():
     argv = ["--epochs", "2"]
     got = hvd_script.main(argv)
     native = pytorch_mnist_native.main(argv)
-    # Same reductions in the same order: the Horovod script and its native port agree bitwise.
-    assert got["train_loss"] == native["train_loss"]
-    assert got["test_loss"] == native["test_loss"] and got["test_accuracy"] == native["test_accuracy"]
+    # Same reductions in the same order: the models agree bitwise. The averaged float32 metrics may
+    # differ by one rounding step: hvd.Average divides the sum by N (a correctly rounded quotient),
+    # pycomm's op="avg" multiplies it by 1/N.
+    same_metric(got, native, ["train_loss", "test_loss", "test_accuracy"])
     same_state(got["state"], native["state"])
 
     # Independent reference: one process, the union of every rank's batch per step, lr * N, mean loss.
@@ -84,7 +92,7 @@ def test_mnist_script_fp16_and_predivide():
 
     got = hvd_script.main(["--epochs", "1", "--fp16-allreduce", "--gradient-predivide-factor", "2.0"])
     native = pytorch_mnist_native.main(["--epochs", "1", "--fp16-allreduce"])
-    assert got["train_loss"] == native["train_loss"]
+    same_metric(got, native, ["train_loss"])
     same_state(got["state"], native["state"])
 
 
