@@ -1,13 +1,14 @@
 """Other people's test suites on pycomm (bench/compat.py; docs/compatibility.md).
 
 - Horovod's test_torch.py, unchanged, with `horovod.torch` resolving to
-  pycomm.horovod: at least 97% of the tests that run pass, and every failure
-  is one that docs/compatibility.md names with its cause (tests/compat/expected.py).
+  pycomm.horovod: every failure is one that docs/compatibility.md names with
+  its cause and that Horovod itself fails too (tests/compat/expected.py), and
+  at least 97% of the rest pass.
 - torch's DistributedTest with backend "pycomm": every test that gloo passes
   in the same harness, at the same world size, passes too, except the
   gloo-only tests listed with their reasons.
 
-World sizes: PYCOMM_COMPAT_RANKS (CI: 2; `make compat` prints 2, 3 and 4; torch's
+World sizes: PYCOMM_COMPAT_RANKS (CI: 2,3,4; `make compat` prints 2, 3 and 4; torch's
 suite runs at the sizes up to 3). Without it the file skips: the suites take
 minutes, so `make test` leaves them to CI and `make compat`. The Horovod suite comes from ../shared/peer/horovod;
 where it is absent the test skips and says why.
@@ -25,7 +26,7 @@ _spec = importlib.util.spec_from_file_location("pycomm_bench_compat",
 compat = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(compat)
 
-from expected import GLOO_ONLY, HOROVOD_FAILURES  # noqa: E402  (tests/compat/expected.py)
+from expected import GLOO_ONLY, HALF_AT_3, HOROVOD_FAILURES  # noqa: E402  (tests/compat/expected.py)
 
 RANKS = [int(n) for n in os.environ.get("PYCOMM_COMPAT_RANKS", "").split(",") if n]
 pytestmark = pytest.mark.skipif(not RANKS, reason="set PYCOMM_COMPAT_RANKS=2,3,4 to run other projects' suites "
@@ -56,9 +57,13 @@ def test_horovod_suite(np):
                              f"(tests/compat/expected.py):\n" + "\n".join(f"{t}: {m[-400:]}" for t, m in
                                                                          sorted(unexplained.items())))
     assert ran, f"Horovod's suite at {np} ranks ran no test"
-    if passed / len(ran) < 0.97:
-        pytest.xfail(f"{passed} of {len(ran)} Horovod tests pass at {np} ranks, below 97%: the remaining failures "
-                     "are named in docs/compatibility.md")
+    # 97% of the tests that run, as on Horovod itself (100 of 103 at 2 ranks). At 3 ranks three fp16
+    # tests cannot pass on any implementation (expected.HALF_AT_3): they leave the count there.
+    arithmetic = [t for t in failed if HOROVOD_FAILURES[t] is HALF_AT_3]
+    counted = len(ran) - len(arithmetic)
+    _log(f"Horovod's suite at {np} ranks: {passed} of {len(ran)} pass; {passed} of {counted} without the "
+         f"fp16 tests no implementation passes")
+    assert passed / counted >= 0.97, f"{passed} of {counted} Horovod tests pass at {np} ranks, below 97%"
 
 
 @pytest.mark.mpi
