@@ -3,7 +3,7 @@
     python bench/defaults.py async  [--np 4] [--seeds 0] [--epochs 5]
     python bench/defaults.py onebit [--np 4] [--seeds 0 1 2] [--epochs 5]
 
-async: every parameter-server algorithm (pycomm.algorithms.server_sgd()) on digits and on synthetic, under
+async: every parameter-server algorithm (pycomm.training.server_sgd()) on digits and on synthetic, under
 three step rules: "default" (pycomm-train without --lr: sgd's lr / N pushing workers, momentum 0.9),
 "lower momentum" (sgd's lr, --momentum 0: the explicit momentum taken out because asynchrony adds about
 1 - 1/N of implicit momentum, Mitliagkas et al. 2016) and "unscaled" (--lr 0.05, momentum 0.9: every
@@ -36,7 +36,7 @@ RULES = {"default": [], "lower momentum": ["--lr", "0.05", "--momentum", "0"], "
 
 def configs(study: str):
     """(label, dataset, argv) per row; the first row of each dataset is its baseline."""
-    from pycomm.algorithms import server_sgd
+    from pycomm.training import server_sgd
 
     if study == "onebit":
         return [(opt, "digits", ["--optimizer", opt]) for opt in ("adam", "onebit_adam", "onebit_lamb")]

@@ -2,7 +2,7 @@
 
     python bench/matrix.py [--np 4] [--max-runs K] [--max-minutes M] [--retry-failed] [--table-only | --summary]
 
-Cells: every algorithm of pycomm.algorithms x {sgd, adam, lars, lamb, onebit_adam, onebit_lamb} x
+Cells: every algorithm of pycomm.training x {sgd, adam, lars, lamb, onebit_adam, onebit_lamb} x
 {fp32, fp16, bf16} x {none, fp16, onebit compression}. Each cell is first put to pycomm-train's own
 option checks (pycomm.train.cli.parse_args, no MPI; asked afresh on every invocation, never stored):
 a combination it refuses shows its refusal message. Every allowed cell is one run of
@@ -48,7 +48,7 @@ DEFAULT_MARKDOWN = os.path.join(ROOT, "docs", "matrix.md")
 
 
 def algorithms() -> List[str]:
-    from pycomm.algorithms import names
+    from pycomm.training import names
 
     return names()
 

@@ -56,17 +56,17 @@ from .runtime import (
     world_comm,
 )
 
-from . import algorithms  # noqa: E402  (after the collectives it uses)
+from . import training  # noqa: E402  (after the collectives it uses)
 
 __version__ = "0.1.0"
 cuda_built = bool(_C.cuda_built)
 
 __all__ = [
-    "CommError", "DistributedOptimizer", "Handle", "SUPPORTED_COMPRESSION", "algorithms", "broadcast_object",
+    "CommError", "DistributedOptimizer", "Handle", "SUPPORTED_COMPRESSION", "broadcast_object",
     "broadcast_optimizer_state", "broadcast_parameters", "Topology", "allgather", "allgather_async", "allreduce", "allreduce_async",
     "barrier", "broadcast", "broadcast_async", "cross_comm", "cuda_built", "get_options", "init",
     "is_initialized", "local_comm", "local_rank", "local_size", "node_rank", "num_nodes", "rank",
-    "resolve_algorithm", "set_options", "shutdown", "size", "stats", "topology", "world_comm",
+    "resolve_algorithm", "set_options", "shutdown", "size", "stats", "topology", "training", "world_comm",
 ]
 __all__ += ["join", "start_timeline", "stop_timeline", "timeline_path"]
 __all__ += ["GroupHandle", "HandleList", "grouped_allreduce", "grouped_allreduce_async"]

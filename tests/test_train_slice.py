@@ -28,7 +28,7 @@ def test_every_algorithm_and_optimizer_learns_at_defaults():
     rc, out = run_under_mpi(4, ["tests/train_slice.py", "--epochs", "2", "--seeds", "0"], timeout=600)
     assert rc == 0, out[-6000:]
     rows = [json.loads(ln) for ln in out.splitlines() if ln.startswith('{"run"')]
-    from pycomm.algorithms import names, server_sgd
+    from pycomm.training import names, server_sgd
     from pycomm.train.optimizers import OPTIMIZERS
 
     assert [r["run"] for r in rows] == [f"algorithm {a}" for a in names()] + [

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def runs():
-    from pycomm.algorithms import names
+    from pycomm.training import names
     from pycomm.train.optimizers import OPTIMIZERS
 
     return ([("algorithm", a, ["--algorithm", a]) for a in names()]

@@ -1,7 +1,7 @@
 """Command-line options of pycomm-train.
 
 The algorithm options are generated from the config dataclasses of
-pycomm.algorithms (``sync_period`` -> ``--sync-period``; booleans get a
+pycomm.training (``sync_period`` -> ``--sync-period``; booleans get a
 ``--no-`` form). An option given on the command line that is not a field of
 the chosen algorithm's config is an error naming the options that apply.
 """
@@ -14,8 +14,8 @@ import sys
 import typing
 from typing import Dict, List, Optional, Sequence
 
-from .. import algorithms
-from ..algorithms.bmuf import MOMENT_SYNC
+from .. import training
+from ..training.bmuf import MOMENT_SYNC
 from .models import MODELS
 from .optimizers import ADAPTIVE, DEFAULT_LR, DEFAULT_MOMENTUM, ONEBIT_SGD_DEFAULTS, OPTIMIZERS, SELF_REDUCING
 
@@ -49,7 +49,7 @@ def _field_types(cls) -> Dict[str, type]:
 def algorithm_options() -> Dict[str, dict]:
     """field name -> {type, algorithms having it, help}."""
     opts: Dict[str, dict] = {}
-    for name, cls in algorithms.ALGORITHMS.items():
+    for name, cls in training.ALGORITHMS.items():
         for field, t in _field_types(cls.Config).items():
             entry = opts.setdefault(field, {"type": t, "algorithms": []})
             entry["algorithms"].append(name)
@@ -77,7 +77,7 @@ OPTION_HELP = {
 
 def _defaults() -> Dict[str, Dict[str, object]]:
     out: Dict[str, Dict[str, object]] = {}
-    for name, cls in algorithms.ALGORITHMS.items():
+    for name, cls in training.ALGORITHMS.items():
         for f in dataclasses.fields(cls.Config):
             out.setdefault(f.name, {})[name] = f.default
     return out
@@ -99,14 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="pycomm-train",
         description="Data-parallel training with pycomm's algorithms: synchronous ("
-                    + ", ".join(n for n in algorithms.names() if n not in algorithms.server_sgd() and n != "hogwild")
-                    + "), through parameter servers (" + ", ".join(algorithms.server_sgd()) + ") and "
+                    + ", ".join(n for n in training.names() if n not in training.server_sgd() and n != "hogwild")
+                    + "), through parameter servers (" + ", ".join(training.server_sgd()) + ") and "
                     "lock-free on one node (hogwild). Launch under pycomm-run, e.g. "
                     "`pycomm-run -np 4 pycomm-train --algorithm ssgd --dataset digits --model mlp --epochs 5`.",
     )
-    ps = ", ".join(algorithms.server_sgd())
+    ps = ", ".join(training.server_sgd())
     g = p.add_argument_group("training")
-    g.add_argument("--algorithm", default="ssgd", help=f"one of {', '.join(algorithms.names())} (default ssgd)")
+    g.add_argument("--algorithm", default="ssgd", help=f"one of {', '.join(training.names())} (default ssgd)")
     g.add_argument("--optimizer", default="sgd", help=f"local optimizer, one of {', '.join(OPTIMIZERS)} (default "
                                                       f"sgd; {ps}: sgd only, their servers apply it)")
     g.add_argument("--lr", type=float, default=None,
@@ -185,13 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
 def algorithm_config(args: argparse.Namespace) -> dict:
     """The algorithm options given on the command line; UsageError for ones the algorithm lacks."""
     name = args.algorithm
-    if name not in algorithms.ALGORITHMS:
-        raise UsageError(f"unknown algorithm {name!r}; choose one of {', '.join(algorithms.names())}")
-    fields = set(algorithms.config_fields(name))
+    if name not in training.ALGORITHMS:
+        raise UsageError(f"unknown algorithm {name!r}; choose one of {', '.join(training.names())}")
+    fields = set(training.config_fields(name))
     given = {f: getattr(args, f) for f in algorithm_options() if hasattr(args, f)}
     foreign = sorted(f for f in given if f not in fields)
     if foreign:
-        own = ", ".join(flag(f) for f in algorithms.config_fields(name)) or "(none)"
+        own = ", ".join(flag(f) for f in training.config_fields(name)) or "(none)"
         raise UsageError(f"{', '.join(flag(f) for f in foreign)} does not apply to --algorithm {name}; "
                          f"its options are: {own}")
     return given
@@ -228,7 +228,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         p.error("--resume needs --checkpoint-dir")
     if args.checkpoint_every < 0:
         p.error("--checkpoint-every must be >= 0")
-    if args.algorithm in algorithms.server_sgd():
+    if args.algorithm in training.server_sgd():
         if args.optimizer != "sgd":
             p.error(f"--algorithm {args.algorithm}: the parameter servers apply SGD (the sgd optimizer's lr, "
                     f"momentum and weight decay are their rule); --optimizer {args.optimizer} does not apply, "
@@ -254,7 +254,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             p.error(f"--precision {args.precision} takes one backward pass per step; "
                     "--backward-passes-per-step does not apply")
     elif args.optimizer == "lars" and getattr(args, "compression", "none") == "onebit" \
-            and "compression" in algorithms.config_fields(args.algorithm):
+            and "compression" in training.config_fields(args.algorithm):
         # measured on digits at 4 ranks, pycomm-train's defaults, seeds 0-2: 82.5, 83.6, 81.9% (10.03% while
         # lars excluded the biases); lars without compression 93.3% (docs/training-defaults.md §6)
         p.error("--optimizer lars with --compression onebit stays below the accuracy of the other combinations "
@@ -262,7 +262,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                 "docs/training-defaults.md); use --compression fp16 or none with lars, or --optimizer sgd with "
                 "--compression onebit")
     elif args.optimizer in ADAPTIVE and getattr(args, "compression", "none") == "onebit" \
-            and "compression" in algorithms.config_fields(args.algorithm):
+            and "compression" in training.config_fields(args.algorithm):
         # optimizers.ADAPTIVE: a second moment of 1-bit gradients measures the compression, not the gradient
         p.error(f"--optimizer {args.optimizer} divides by a second moment of the gradients, which 1-bit "
                 "compression distorts and error feedback cannot correct; use --optimizer onebit_adam or "
@@ -289,7 +289,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         p.error(str(e))
     try:
         args.algorithm_config = algorithm_config(args)
-        algorithms.make_config(args.algorithm, **args.algorithm_config)  # value checks
+        training.make_config(args.algorithm, **args.algorithm_config)  # value checks
     except (UsageError, ValueError, TypeError) as e:
         p.error(str(e))
     return args

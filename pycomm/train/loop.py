@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 import pycomm
 
-from .. import algorithms
+from .. import training
 from . import bandwidth, checkpoint
 from .cli import UsageError
 from .data import DataError, check_batch, epoch_shard, every_sample_shard, load_dataset, steps_per_epoch
@@ -74,7 +74,7 @@ def chance_warning(train_loss: float, train_accuracy: float, num_classes: int, a
             train_accuracy >= guess + 0.1 * (100.0 - guess):
         return False
     opt = args.optimizer
-    if args.algorithm in algorithms.server_sgd():
+    if args.algorithm in training.server_sgd():
         cause = (f"the servers apply every worker's gradient with lr {lr:g} as it arrives, so N pushing workers "
                  "take N steps of that lr on stale weights; lower --lr (without --lr pycomm-train uses "
                  "sgd's lr / N) or --momentum")
@@ -153,7 +153,7 @@ def train(args) -> Dict[str, Any]:
     # optimizers.server_lr); without --lr it is sgd's lr / pushers, with --lr exactly the lr given.
     server_note = None
     lr = args.lr
-    if args.algorithm in algorithms.server_sgd():
+    if args.algorithm in training.server_sgd():
         pushers = workers
         if args.algorithm == "hybrid":  # one pusher per synchronous group
             from ..runtime import topology
@@ -181,12 +181,12 @@ def train(args) -> Dict[str, Any]:
     if precision != "fp32":
         from .precision import MixedPrecisionSSGD
 
-        algo = MixedPrecisionSSGD(model, local_opt, algorithms.make_config("ssgd", **args.algorithm_config),
+        algo = MixedPrecisionSSGD(model, local_opt, training.make_config("ssgd", **args.algorithm_config),
                                   precision=precision)
     else:
         try:
-            algo = algorithms.create(args.algorithm, model, local_opt, **args.algorithm_config)
-        except algorithms.base.JobConfigError as e:  # the same on every rank: report once, exit everywhere
+            algo = training.create(args.algorithm, model, local_opt, **args.algorithm_config)
+        except training.base.JobConfigError as e:  # the same on every rank: report once, exit everywhere
             raise UsageError(str(e)) from None
     if dedicated and algo.is_server_only:
         algo.serve()  # until every worker has finalized

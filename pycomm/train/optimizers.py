@@ -27,7 +27,7 @@ ADAPTIVE = ("adagrad", "rmsprop", "adadelta", "adam", "radam", "lamb")
 
 
 def server_lr(pushers: int) -> float:
-    """Default lr of the parameter-server algorithms (algorithms.server_sgd()): sgd's lr / pushers.
+    """Default lr of the parameter-server algorithms (training.server_sgd()): sgd's lr / pushers.
 
     The servers apply every worker's gradient as it arrives, so P pushing workers take P steps of lr
     where SSGD takes one of lr on their average; lr / P gives the same progress per sample

@@ -14,8 +14,8 @@ from typing import Any, Dict
 
 import torch
 
-from ..algorithms.base import Algorithm, trainable_parameters
-from ..algorithms.ssgd import SSGDConfig
+from ..training.base import Algorithm, trainable_parameters
+from ..training.ssgd import SSGDConfig
 from ..optim import MixedPrecision
 from ..optimizer import ring_bytes_sent
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import pycomm
-from pycomm import algorithms
+from pycomm import training
 
 from algo_refs import Toy, data, flat, grad, theta0
 from ps_ref import NpServer
@@ -38,7 +38,7 @@ class Toy32(Toy):
 def make(name, lr=0.05, momentum=0.0, weight_decay=0.0, **cfg):
     model = Toy32()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
-    return model, algorithms.create(name, model, opt, **cfg)
+    return model, training.create(name, model, opt, **cfg)
 
 
 def split(theta):
@@ -155,7 +155,7 @@ def test_state_dict_resumes_exactly():
 def test_wrong_local_optimizer():
     model = Toy32()
     with pytest.raises(TypeError, match="asgd: the servers apply SGD; pass torch.optim.SGD .* got Adam"):
-        algorithms.create("asgd", model, torch.optim.Adam(model.parameters()))
+        training.create("asgd", model, torch.optim.Adam(model.parameters()))
 
 
 def test_hogwild_updates_of_every_rank_land():
@@ -167,7 +167,7 @@ def test_hogwild_updates_of_every_rank_land():
     n, steps, lr = 4 * W + 3, 25, 0.125
     model = torch.nn.Module()
     model.w = torch.nn.Parameter(torch.zeros(n))
-    algo = algorithms.create("hogwild", model, torch.optim.SGD(model.parameters(), lr=lr))
+    algo = training.create("hogwild", model, torch.optim.SGD(model.parameters(), lr=lr))
     c = torch.zeros(n)
     c[k::W] = float(k + 1)
     for _ in range(steps):

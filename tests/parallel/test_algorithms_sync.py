@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import pycomm
-from pycomm import algorithms
+from pycomm import training
 
 from algo_refs import NpAdam, NpSGD, Toy, flat, run_admm, run_bmuf, run_easgd, run_ma, run_ssgd
 
@@ -19,7 +19,7 @@ TOL = 1e-10
 def run_torch(name, make_opt, steps, finalize=True, **cfg):
     r = pycomm.rank()
     model = Toy().double()
-    algo = algorithms.create(name, model, make_opt(model.parameters()), **cfg)
+    algo = training.create(name, model, make_opt(model.parameters()), **cfg)
     for s in range(steps):
         algo.zero_grad()
         model.loss(r, s).backward()
@@ -160,7 +160,7 @@ def test_state_dict_resume_is_exact(name, cfg, opt):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)  # state must overwrite everything
-    algo = algorithms.create(name, model, make(model.parameters()), **cfg)
+    algo = training.create(name, model, make(model.parameters()), **cfg)
     algo.load_state_dict(state)
     for s in range(4, 9):
         algo.zero_grad()
@@ -172,4 +172,4 @@ def test_state_dict_resume_is_exact(name, cfg, opt):
     with pytest.raises(ValueError, match="cannot load"):
         other = "ssgd" if name != "ssgd" else "admm"
         m2 = Toy().double()
-        algorithms.create(other, m2, make(m2.parameters())).load_state_dict(state)
+        training.create(other, m2, make(m2.parameters())).load_state_dict(state)

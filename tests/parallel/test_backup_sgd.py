@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import pycomm
-from pycomm import _C, algorithms
+from pycomm import _C, training
 
 LR, MOMENTUM, STEPS, BATCH = 0.1, 0.5, 6, 9
 IN, HIDDEN, CLASSES = 13, 7, 5
@@ -79,7 +79,7 @@ def test_forced_arrival_order_matches_float64_replay(backups, comm):
         pytest.skip(f"B={backups} needs more than {world} rank(s)")
     seed = shared_seed(comm)
     model = make_model(seed)
-    algo = algorithms.create("backup_sgd", model, torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM),
+    algo = training.create("backup_sgd", model, torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM),
                              backup_workers=backups)
     want_dropped = want_skipped = 0
     for k in range(STEPS):
@@ -119,7 +119,7 @@ def test_racing_arrivals_every_rank_holds_the_same_counted_sets_and_model(backup
     seed = shared_seed(comm)
     delays = np.random.default_rng([seed, 99]).uniform(0.0, 0.02, size=(STEPS, world))
     model = make_model(seed)
-    algo = algorithms.create("backup_sgd", model, torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM),
+    algo = training.create("backup_sgd", model, torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM),
                              backup_workers=backups)
     sets = []
     for k in range(STEPS):
@@ -146,7 +146,7 @@ def test_fast_ranks_never_wait_for_a_late_backward(comm):
         pytest.skip("needs a late rank beside a fast one")
     seed = shared_seed(comm)
     model = make_model(seed)
-    algo = algorithms.create("backup_sgd", model, torch.optim.SGD(model.parameters(), lr=LR), backup_workers=1)
+    algo = training.create("backup_sgd", model, torch.optim.SGD(model.parameters(), lr=LR), backup_workers=1)
     late = world - 1
     comm.Barrier()
     woke = finished = None
@@ -176,7 +176,7 @@ def test_bad_backup_workers_fail_on_every_rank():
 
     def build(b):
         m = make_model(0)
-        return algorithms.create("backup_sgd", m, torch.optim.SGD(m.parameters(), lr=LR), backup_workers=b)
+        return training.create("backup_sgd", m, torch.optim.SGD(m.parameters(), lr=LR), backup_workers=b)
 
     with pytest.raises(ValueError, match=f"backup_workers {world} >= the job's {world} rank"):
         build(world)
@@ -188,9 +188,9 @@ def test_bad_backup_workers_fail_on_every_rank():
         with pytest.raises(ValueError, match="the ranks passed different backup_workers"):
             build(-1 if rank == 0 else world + 3)  # out of range on every rank, differently
     with pytest.raises(TypeError, match="backup_workers must be an int"):
-        algorithms.make_config("backup_sgd", backup_workers=1.5)
+        training.make_config("backup_sgd", backup_workers=1.5)
     with pytest.raises(ValueError, match=r"option\(s\) compression do not apply to algorithm 'backup_sgd'"):
-        algorithms.make_config("backup_sgd", compression="fp16")
+        training.make_config("backup_sgd", compression="fp16")
     t = torch.ones(3)
     pycomm.allreduce(t, op="sum", name="after_bad_backup_workers")  # the engine still serves everyone
     assert t.tolist() == [float(world)] * 3

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import pycomm
-from pycomm import algorithms
+from pycomm import training
 
 TAU, LR, LAM, T = 2, 0.1, 0.3, 2.0
 
@@ -64,7 +64,7 @@ def replay(world, steps, distill_steps):
 def test_rounds_match_float64_replay(distill_steps):
     world, rank = pycomm.size(), pycomm.rank()
     model = make_model()
-    algo = algorithms.create("ec_dnn", model, torch.optim.SGD(model.parameters(), lr=LR), sync_period=TAU,
+    algo = training.create("ec_dnn", model, torch.optim.SGD(model.parameters(), lr=LR), sync_period=TAU,
                              distill_weight=LAM, temperature=T, distill_steps=distill_steps)
     steps = 5  # two exchanges and one step after
     for s in range(steps):
@@ -92,13 +92,13 @@ def test_state_dict_resumes_exactly():
     runs = []
     for resume in (False, True):
         model = make_model()
-        algo = algorithms.create("ec_dnn", model, torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9),
+        algo = training.create("ec_dnn", model, torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9),
                                  sync_period=TAU, distill_weight=LAM, temperature=T)
         for s in range(7):
             if resume and s == 3:  # mid-round, while distilling: rebuild from the checkpoint
                 sd = algo.state_dict()
                 model = make_model()
-                algo = algorithms.create("ec_dnn", model, torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9),
+                algo = training.create("ec_dnn", model, torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9),
                                          sync_period=TAU, distill_weight=LAM, temperature=T)
                 algo.load_state_dict(sd)
             x, y = batch(s, rank)
@@ -111,8 +111,8 @@ def test_state_dict_resumes_exactly():
 
 def test_bad_config():
     with pytest.raises(ValueError, match=r"distill_weight must be in \[0, 1\], got 1.5"):
-        algorithms.make_config("ec_dnn", distill_weight=1.5)
+        training.make_config("ec_dnn", distill_weight=1.5)
     with pytest.raises(ValueError, match="temperature must be > 0, got 0"):
-        algorithms.make_config("ec_dnn", temperature=0)
+        training.make_config("ec_dnn", temperature=0)
     with pytest.raises(ValueError, match="sync_period must be >= 1, got 0"):
-        algorithms.make_config("ec_dnn", sync_period=0)
+        training.make_config("ec_dnn", sync_period=0)

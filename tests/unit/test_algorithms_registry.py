@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import pycomm
-from pycomm import algorithms
+from pycomm import training
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -20,21 +20,21 @@ def model_and_opt():
 def test_unknown_algorithm_lists_choices():
     with pytest.raises(ValueError, match=r"unknown algorithm 'bmf'; choose one of ssgd, model_averaging, bmuf, "
                                          r"easgd, admm"):
-        algorithms.create("bmf", *model_and_opt())
+        training.create("bmf", *model_and_opt())
 
 
 def test_option_of_another_algorithm_is_named():
     with pytest.raises(ValueError, match=r"option\(s\) rho do not apply to algorithm 'bmuf'; its options are: "
                                          r"sync_period, block_momentum"):
-        algorithms.create("bmuf", *model_and_opt(), rho=1.0)
+        training.create("bmuf", *model_and_opt(), rho=1.0)
 
 
 def test_defaults_from_the_papers():
-    c = algorithms.BMUFConfig()
+    c = training.BMUFConfig()
     assert (c.sync_period, c.block_momentum, c.block_lr, c.nesterov, c.reset_local_momentum, c.warmup_steps,
             c.moment_sync) == (50, None, 1.0, True, True, 500, "average")
-    assert algorithms.EASGDConfig().beta == 0.9 and algorithms.EASGDConfig().alpha is None
-    assert algorithms.SSGDConfig().compression == "none"
+    assert training.EASGDConfig().beta == 0.9 and training.EASGDConfig().alpha is None
+    assert training.SSGDConfig().compression == "none"
 
 
 @pytest.mark.parametrize("name,cfg,msg", [
@@ -47,10 +47,10 @@ def test_defaults_from_the_papers():
 ])
 def test_bad_values(name, cfg, msg):
     with pytest.raises(ValueError, match=msg):
-        algorithms.make_config(name, **cfg)
+        training.make_config(name, **cfg)
 
 
 def test_local_optimizer_must_be_torch_optimizer():
     m, _ = model_and_opt()
     with pytest.raises(TypeError, match="local_optimizer must be a torch.optim.Optimizer"):
-        algorithms.create("model_averaging", m, object())
+        training.create("model_averaging", m, object())

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import pycomm
-from pycomm import algorithms
+from pycomm import training
 from pycomm.ps import UpdateRule
 
 
@@ -27,22 +27,22 @@ def one_rank():
 ])
 def test_config_errors(name, cfg, msg):
     with pytest.raises(ValueError, match=msg):
-        algorithms.make_config(name, **cfg)
+        training.make_config(name, **cfg)
 
 
 def test_defaults_from_the_papers():
-    d = algorithms.DCASGDConfig()
+    d = training.DCASGDConfig()
     assert (d.dc_lambda, d.adaptive, d.lambda0, d.ms_decay, d.eps) == (0.04, False, 2.0, 0.95, 1e-7)
-    assert algorithms.SSPConfig().staleness == 3
+    assert training.SSPConfig().staleness == 3
 
 
 def test_local_optimizer_checks():
     m = torch.nn.Linear(3, 2)
     with pytest.raises(ValueError, match="no nesterov, dampening or maximize"):
-        algorithms.create("asgd", m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, nesterov=True))
+        training.create("asgd", m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, nesterov=True))
     with pytest.raises(TypeError, match=r"float32; parameters \['weight', 'bias'\] are not"):
         md = torch.nn.Linear(3, 2).double()
-        algorithms.create("dcasgd", md, torch.optim.SGD(md.parameters(), lr=0.1))
+        training.create("dcasgd", md, torch.optim.SGD(md.parameters(), lr=0.1))
 
 
 @pytest.mark.parametrize("kw,msg", [

@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from pycomm import algorithms
+from pycomm import training
 from pycomm.train.__main__ import main
 from pycomm.train.cli import build_parser
 from pycomm.train.loop import CHANCE_FRACTION, chance_warning
@@ -29,7 +29,7 @@ def blobs(tmp_path):
 
 
 def test_server_sgd_algorithms_come_from_the_registry():
-    assert algorithms.server_sgd() == PS
+    assert training.server_sgd() == PS
     assert server_lr(4) == DEFAULT_LR["sgd"] / 4 and server_lr(1) == DEFAULT_LR["sgd"]
     with pytest.raises(ValueError, match="pushers must be >= 1"):
         server_lr(0)
@@ -187,4 +187,4 @@ def test_lars_in_pycomm_train_adapts_every_tensor():
 
 
 def test_admm_default_rho():
-    assert algorithms.make_config("admm").rho == 0.1
+    assert training.make_config("admm").rho == 0.1

@@ -1,7 +1,7 @@
 """Synchronous training algorithms behind one registry (docs/algorithms.md §4).
 
-    algo = pycomm.algorithms.create("bmuf", model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                    sync_period=8, nesterov=True)
+    algo = pycomm.training.create("bmuf", model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                  sync_period=8, nesterov=True)
     for x, y in data:
         algo.zero_grad(); loss_fn(model(x), y).backward(); algo.step()
     algo.finalize()
