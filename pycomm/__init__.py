@@ -72,3 +72,16 @@ __all__ += ["join", "start_timeline", "stop_timeline", "timeline_path"]
 __all__ += ["GroupHandle", "HandleList", "grouped_allreduce", "grouped_allreduce_async"]
 __all__ += ["ProcessGroup", "alltoall", "alltoall_async", "destroy_group", "new_group", "reduce_scatter",
             "reduce_scatter_async"]
+
+
+def __getattr__(name):
+    # PEP 562: `pycomm.algorithms` without importing it worked while the package was imported eagerly
+    # under that name. Warning here, at the caller's line, keeps `import pycomm` itself silent; caching
+    # the answer makes it one warning, also for `from pycomm import algorithms` (which looks it up twice).
+    if name == "algorithms":
+        import warnings
+        warnings.warn("pycomm.algorithms is deprecated and will be removed in the next release; "
+                      "import pycomm.training instead", DeprecationWarning, stacklevel=2)
+        globals()["algorithms"] = training
+        return training
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
