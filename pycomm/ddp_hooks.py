@@ -194,7 +194,22 @@ class _ResidualLayoutState(HookState):
         self._layouts = dict(state.get("layouts", {}))
 
 
-class OneBitState(_ResidualLayoutState):
+class _WarmUpState(HookState):
+    """Averages in float32 for the first ``warmup_steps`` iterations, then compresses (onebit, powersgd)."""
+
+    def __init__(self, warmup_steps: int, make_compressor: Callable[[], Compressor], prefix: str):
+        # Checked before the compressor exists: PowerSGD's creates a process group, a collective call.
+        if not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"{type(self).__name__}: warmup_steps must be a non-negative integer, "
+                             f"got {warmup_steps!r}")
+        super().__init__(make_compressor(), prefix)
+        self.warmup_steps = warmup_steps
+
+    def _use_compression(self, bucket) -> bool:
+        return self.iteration >= self.warmup_steps
+
+
+class OneBitState(_WarmUpState, _ResidualLayoutState):
     """1 bit per gradient element with error feedback (two-phase): ~1/32 of float32's bytes.
 
     Tuning guide:
@@ -230,18 +245,12 @@ class OneBitState(_ResidualLayoutState):
     compression = "onebit"
 
     def __init__(self, warmup_steps: int = 0, prefix: str = "ddp", masks: Optional[Dict[int, torch.Tensor]] = None):
-        if not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"OneBitState: warmup_steps must be a non-negative integer, got {warmup_steps!r}")
-        super().__init__(OneBit(), prefix)
-        self.warmup_steps = warmup_steps
+        super().__init__(warmup_steps, OneBit, prefix)
         for index, mask in (masks or {}).items():
             self.compressor.set_mask(self.bucket_name(index), mask)
 
-    def _use_compression(self, bucket) -> bool:
-        return self.iteration >= self.warmup_steps
 
-
-class PowerSGDState(HookState):
+class PowerSGDState(_WarmUpState):
     """Rank-r PowerSGD with warm start and error feedback (pycomm.compressors.powersgd; docs/seeds-methods.md).
 
     Tuning guide:
@@ -268,13 +277,8 @@ class PowerSGDState(HookState):
         from .groups import new_group
         from .runtime import size
 
-        if not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"PowerSGDState: warmup_steps must be a non-negative integer, got {warmup_steps!r}")
-        super().__init__(PowerSGD(rank=rank, seed=seed, q_group=new_group(list(range(size())))), prefix)
-        self.warmup_steps = warmup_steps
-
-    def _use_compression(self, bucket) -> bool:
-        return self.iteration >= self.warmup_steps
+        super().__init__(warmup_steps, lambda: PowerSGD(rank=rank, seed=seed, q_group=new_group(list(range(size())))),
+                         prefix)
 
 
 def powersgd_hook(state: PowerSGDState, bucket) -> torch.futures.Future[torch.Tensor]:

@@ -1,5 +1,7 @@
 """pycomm.ddp_hooks with torch DistributedDataParallel over gloo, ranks taken from MPI."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -124,6 +126,15 @@ def test_onebit_hook_warmup_uses_float32_first():
     assert state.compressor.names() == [] and state.wire_bytes == 0
     train_ddp(state, hooks.onebit_hook, 2)
     assert state.compressor.names() == ["ddp.bucket0"]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "2"])
+def test_warmup_steps_must_be_a_non_negative_integer(bad):
+    # refused before any compressor exists (PowerSGDState's would create a process group)
+    for cls in (hooks.OneBitState, hooks.PowerSGDState):
+        with pytest.raises(ValueError, match=rf"^{cls.__name__}: warmup_steps must be a non-negative integer, "
+                                             rf"got {re.escape(repr(bad))}$"):
+            cls(warmup_steps=bad)
 
 
 def test_onebit_hook_state_checkpoint_resumes_exactly(tmp_path_factory):
