@@ -1,5 +1,5 @@
 // pycomm._C.BackupSession: the backup-worker sessions of comm/backup_allreduce.h, for
-// pycomm.algorithms.backup_sgd. Every call that may wait releases the GIL.
+// pycomm.training.backup_sgd. Every call that may wait releases the GIL.
 #include <memory>
 #include <string>
 #include <vector>
