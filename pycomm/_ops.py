@@ -23,7 +23,8 @@ REDUCE_OPS = ("sum", "avg", "min", "max")
 #: op -> the engine's (reduction, average): avg is a sum followed by a division by the number of ranks,
 #: which the engine places (half precision divides before summing, so the sum cannot overflow).
 ENGINE_OP = {op: ("sum", True) if op == "avg" else (op, False) for op in REDUCE_OPS}
-ALLREDUCE_ALGORITHMS = ("auto", "ring", "mpi", "shm", "hierarchical", "hierarchical_master")
+#: "auto" and the allreduce catalogue's algorithms (csrc/comm/allreduce_catalogue.cpp), in wire order.
+ALLREDUCE_ALGORITHMS = ("auto",) + tuple(entry["name"] for entry in _C.allreduce_algorithms())
 
 
 def label(name: Optional[str]) -> str:

@@ -47,6 +47,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Dict, List, Optional, Tuple
 
+#: The exact algorithms this model has a formula for: every entry of the allreduce catalogue
+#: (csrc/comm/allreduce_catalogue.cpp; tests/unit/test_allreduce_catalogue.py holds them equal).
 ALGORITHMS = ("ring", "mpi", "shm", "hierarchical", "hierarchical_master")
 COMPRESSED = ("fp16", "bf16", "onebit")
 
@@ -175,13 +177,11 @@ def predict(algorithm: str, nbytes: int, machine: Machine, ranks: int, nodes: in
 
 
 def available(ranks: int, nodes: int, homogeneous: bool = True) -> List[str]:
-    """The exact algorithms a job of this shape can run (as pycomm.tune.available_algorithms)."""
-    algos = ["mpi", "ring"]
-    if nodes == 1 and ranks > 1:
-        algos.append("shm")
-    if nodes > 1 and homogeneous:
-        algos += ["hierarchical", "hierarchical_master"]
-    return algos
+    """The exact algorithms worth modelling on a job of this shape, as the allreduce catalogue
+    offers them (pycomm.tune times the same list)."""
+    from . import _C
+    local_size = ranks // nodes if homogeneous else max(1, ranks // max(nodes, 1))
+    return list(_C.allreduce_offered(ranks, nodes, local_size, homogeneous))
 
 
 def best(nbytes: int, machine: Machine, ranks: int, nodes: int = 1,

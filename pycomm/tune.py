@@ -38,12 +38,9 @@ def table_path(topo) -> str:
 
 
 def available_algorithms(topo) -> List[str]:
-    algos = ["mpi", "ring"]
-    if topo.num_nodes == 1 and topo.size > 1:
-        algos.append("shm")
-    if topo.num_nodes > 1 and topo.homogeneous:
-        algos += ["hierarchical", "hierarchical_master"]
-    return algos
+    """The algorithms timed on this topology: those the allreduce catalogue offers."""
+    from . import _C
+    return list(_C.allreduce_offered(topo.size, topo.num_nodes, topo.local_size, topo.homogeneous))
 
 
 def load_table(topo) -> Optional[List[Tuple[int, str]]]:

@@ -49,11 +49,13 @@ comm::ReduceOp parse_op(const std::string& op) {
   throw py::value_error("unknown reduction op '" + op + "'; choose sum, avg, min or max");
 }
 
+// The catalogue's parse, with an unknown name a ValueError as for every other bad argument.
 comm::Algorithm parse_algorithm(const std::string& a) {
-  for (int i = 0; i <= static_cast<int>(comm::Algorithm::HIERARCHICAL_MASTER); ++i)
-    if (a == comm::algorithm_name(static_cast<comm::Algorithm>(i))) return static_cast<comm::Algorithm>(i);
-  throw py::value_error("unknown allreduce algorithm '" + a +
-                        "'; choose auto, ring, mpi, shm, hierarchical or hierarchical_master");
+  try {
+    return comm::parse_algorithm(a);
+  } catch (const comm::CommError& e) {
+    throw py::value_error(e.what());
+  }
 }
 
 comm::EngineOptions options_from(const py::dict& d, comm::EngineOptions o) {
@@ -646,6 +648,38 @@ void register_comm(py::module_& m) {
     d["event_host_waits"] = ev.host_waits;
     return d;
   });
+  m.def("allreduce_algorithms", [] {
+    py::list out;
+    for (const auto& e : comm::allreduce_algorithms()) {
+      py::dict d;
+      d["name"] = e.name;
+      d["phase"] = e.phase;
+      d["summary"] = e.summary;
+      d["one_node"] = e.one_node;
+      d["equal_nodes"] = e.equal_nodes;
+      d["across_nodes"] = e.across_nodes;
+      d["window_fusion"] = e.fusion == comm::WindowFusion::NONE    ? "none"
+                           : e.fusion == comm::WindowFusion::LOCAL ? "local"
+                                                                   : "cross";
+      d["device"] = e.device != nullptr;
+      out.append(d);
+    }
+    return out;
+  }, "The allreduce algorithms of the catalogue ('auto' excluded), in wire order, as dicts.");
+  m.def("allreduce_offered", [](int size, int num_nodes, int local_size, bool homogeneous) {
+    py::list out;
+    for (comm::Algorithm a : comm::allreduce_offered(comm::JobShape{size, num_nodes, local_size, homogeneous}))
+      out.append(comm::algorithm_name(a));
+    return out;
+  }, py::arg("size"), py::arg("num_nodes"), py::arg("local_size"), py::arg("homogeneous"),
+     "The algorithms worth timing or modelling on a job of this shape.");
+  m.def("allreduce_refusal", [](const std::string& algorithm, int size, int num_nodes, int local_size,
+                                bool homogeneous) {
+    const comm::Algorithm a = parse_algorithm(algorithm);
+    if (a == comm::Algorithm::AUTO) return std::string();
+    return comm::allreduce_refusal(a, comm::JobShape{size, num_nodes, local_size, homogeneous});
+  }, py::arg("algorithm"), py::arg("size"), py::arg("num_nodes"), py::arg("local_size"), py::arg("homogeneous"),
+     "Why `algorithm` cannot run on a job of this shape, or '' when it can.");
   m.def("resolve_algorithm", [](const std::string& algorithm, size_t bytes) {
     return std::string(comm::algorithm_name(engine().resolve(parse_algorithm(algorithm), bytes, engine().options())));
   }, "The algorithm that `algorithm` (e.g. 'auto') means for a message of `bytes` on this topology.");

@@ -25,17 +25,6 @@ namespace comm {
 constexpr size_t kMaxFusedOps = 1024;
 
 namespace {
-// The timeline's name for an allreduce algorithm's range.
-const char* algorithm_phase(Algorithm a) {
-  switch (a) {
-    case Algorithm::RING: return "RING_ALLREDUCE";
-    case Algorithm::MPI: return "MPI_ALLREDUCE";
-    case Algorithm::SHM: return "SHM_ALLREDUCE";
-    case Algorithm::HIERARCHICAL: return "HIERARCHICAL_ALLREDUCE";
-    case Algorithm::HIERARCHICAL_MASTER: return "HIERARCHICAL_MASTER_ALLREDUCE";
-    default: return "ALLREDUCE";
-  }
-}
 // The batch rule, for the worker's queue and for a blocking group run inline: the
 // head, then the compatible allreduces after it, up to the fusion threshold in bytes
 // and kMaxFusedOps tensors (one, without fusion). Appends them to *batch, or with
@@ -64,18 +53,6 @@ bool take_batch(It first, It last, bool fusion, size_t threshold, const Compatib
   return fusion && bytes < threshold && n < kMaxFusedOps;
 }
 }  // namespace
-
-const char* algorithm_name(Algorithm a) {
-  switch (a) {
-    case Algorithm::AUTO: return "auto";
-    case Algorithm::RING: return "ring";
-    case Algorithm::MPI: return "mpi";
-    case Algorithm::SHM: return "shm";
-    case Algorithm::HIERARCHICAL: return "hierarchical";
-    case Algorithm::HIERARCHICAL_MASTER: return "hierarchical_master";
-  }
-  return "unknown";
-}
 
 void Work::wait() {
   std::unique_lock<std::mutex> lock(mu_);
@@ -477,16 +454,24 @@ size_t Engine::execute(std::vector<Op*>& batch) {
 
 // ---------------------------------------------------------------- allreduce
 
+JobShape Engine::job_shape() const {
+  return JobShape{topo_.size, topo_.num_nodes, topo_.local_size, homogeneous_};
+}
+
 Algorithm Engine::resolve(Algorithm requested, size_t bytes, const EngineOptions& o) const {
   if (requested != Algorithm::AUTO) return requested;
-  for (const auto& entry : o.auto_table)
-    if (bytes <= entry.first) return entry.second;
-  // One node: shm at every size (bench/auto_regret.py: at 4-16 KiB its three
-  // fences beat MPI_Allreduce by 5-28% at 2 and 4 ranks, and it wins above).
-  if (topo_.num_nodes == 1 && topo_.size > 1) return Algorithm::SHM;
-  if (bytes < o.auto_ring_min_bytes) return Algorithm::MPI;
-  if (topo_.num_nodes > 1 && homogeneous_ && topo_.local_size > 1) return Algorithm::HIERARCHICAL;
-  return Algorithm::RING;
+  return choose_auto(bytes, job_shape(), o.auto_ring_min_bytes, o.auto_table);
+}
+
+const AllreduceAlgorithm& Engine::checked_algorithm(Algorithm a) const {
+  const std::string why = allreduce_refusal(a, job_shape());
+  if (!why.empty()) throw CommError(why);
+  return allreduce_algorithm(a);
+}
+
+AllreduceRun Engine::allreduce_run(MemoryMover* device) {
+  return AllreduceRun{topo_, active_.ring_chunk_bytes, active_.shm_chunk_bytes,
+                      [this]() -> ShmWindow& { return shm(); }, device};
 }
 
 namespace {
@@ -549,24 +534,22 @@ void Engine::run_allreduce(const AllreduceArgs& a) {
 
 // Device memory with a CUDA-aware MPI: device pointers go straight to MPI
 // (GPUDirect RDMA where the cluster has it) and the reductions run on the GPU.
-// There is no host shared-memory window on this path: `auto` maps shm to MPI's
-// allreduce below auto_ring_min_bytes and to the ring above, and
-// hierarchical_master to hierarchical (its point-to-point device form);
-// naming shm or hierarchical_master explicitly is an error.
+// There is no host shared-memory window on this path: `auto` replaces an
+// algorithm without a device form (shm, hierarchical_master) by the nearest one
+// with it (device_substitute); naming one explicitly is an error.
 void Engine::run_device_allreduce(const AllreduceArgs& a) {
   const Buffer& out = a.output;
   Algorithm algo = resolve(a.algorithm, out.bytes(), active_);
-  if (a.algorithm == Algorithm::AUTO) {
-    if (algo == Algorithm::SHM) algo = out.bytes() < active_.auto_ring_min_bytes ? Algorithm::MPI : Algorithm::RING;
-    if (algo == Algorithm::HIERARCHICAL_MASTER) algo = Algorithm::HIERARCHICAL;
-  } else if (algo == Algorithm::SHM || algo == Algorithm::HIERARCHICAL_MASTER) {
-    throw CommError(std::string("allreduce algorithm '") + algorithm_name(algo) +
-                    "' needs a host shared-memory window; device memory under a CUDA-aware MPI runs 'ring', "
-                    "'hierarchical' (point-to-point inside the node) or 'mpi'");
+  if (a.algorithm == Algorithm::AUTO) algo = device_substitute(algo, out.bytes(), active_.auto_ring_min_bytes);
+  const AllreduceAlgorithm& entry = allreduce_algorithm(algo);
+  if (!entry.device) {
+    std::string names;
+    for (const auto& e : allreduce_algorithms())
+      if (e.device) names += std::string(names.empty() ? "'" : ", '") + e.name + "'";
+    throw CommError(std::string("allreduce algorithm '") + entry.name +
+                    "' needs a host shared-memory window; device memory under a CUDA-aware MPI runs " + names);
   }
-  if (algo == Algorithm::HIERARCHICAL && !homogeneous_)
-    throw CommError("allreduce algorithm 'hierarchical' needs the same number of ranks on every node; this job's "
-                    "nodes differ in size (use 'ring' or 'mpi')");
+  checked_algorithm(algo);
   MemoryMover& gpu = mover_for(out);
   gpu.wait_lane(0);  // a fused batch's pack (lane 0) has written the buffer MPI is about to read
   if (out.data != a.input.data && a.input.count) gpu.copy(out.data, a.input.data, a.input.bytes());
@@ -574,14 +557,7 @@ void Engine::run_device_allreduce(const AllreduceArgs& a) {
   const bool half = out.dtype == DType::F16 || out.dtype == DType::BF16;
   const double inv_n = 1.0 / static_cast<double>(topo_.size);
   if (a.average && half) gpu.scale(out.data, out.count, out.dtype, inv_n);
-  // MPI has no fp16/bf16 op on devices, and pycomm's NaN-propagating float min/max ops run on the host.
-  const bool host_op = half || ((a.op == ReduceOp::MIN || a.op == ReduceOp::MAX) &&
-                                (out.dtype == DType::F32 || out.dtype == DType::F64));
-  if (algo == Algorithm::MPI && (!host_op || (out.device == Device::CPU && !half)))
-    mpi_allreduce(out, a.op, topo_.world);
-  else if (algo == Algorithm::HIERARCHICAL)
-    device_hierarchical_allreduce(out, a.op, topo_.local, topo_.cross, active_.ring_chunk_bytes, gpu);
-  else ring_allreduce(out, a.op, topo_.world, active_.ring_chunk_bytes, &gpu);
+  entry.device(out, a.op, allreduce_run(&gpu));
   if (a.average && !half) gpu.scale(out.data, out.count, out.dtype, inv_n);
 }
 
@@ -605,15 +581,8 @@ void Engine::run_host_allreduce(const AllreduceArgs& a) {
   if (out.data != a.input.data && a.input.count) std::memcpy(out.data, a.input.data, a.input.bytes());
   if (out.count == 0 || topo_.size == 1) return;
 
-  const Algorithm algo = resolve(a.algorithm, out.bytes(), active_);
   // Check what the topology allows before any data moves (same verdict on every rank).
-  if (algo == Algorithm::SHM && topo_.num_nodes > 1)
-    throw CommError("allreduce algorithm 'shm' reduces within one node, but this job spans " +
-                    std::to_string(topo_.num_nodes) + " nodes; use 'hierarchical' or 'ring'");
-  if ((algo == Algorithm::HIERARCHICAL || algo == Algorithm::HIERARCHICAL_MASTER) && !homogeneous_)
-    throw CommError(std::string("allreduce algorithm '") + algorithm_name(algo) +
-                    "' needs the same number of ranks on every node; this job's nodes differ in size "
-                    "(use 'ring' or 'mpi', or set PYCOMM_RANKS_PER_NODE to a divisor of the job size)");
+  const AllreduceAlgorithm& entry = checked_algorithm(resolve(a.algorithm, out.bytes(), active_));
 
   // Averages of fp16/bf16 are pre-divided: a sum of N values near the top of
   // the fp16 range overflows before the division could rescue it.
@@ -621,20 +590,8 @@ void Engine::run_host_allreduce(const AllreduceArgs& a) {
   const double inv_n = 1.0 / static_cast<double>(topo_.size);
   if (a.average && half) kernels::scale_cpu(out.data, out.count, out.dtype, inv_n);
 
-  timeline::Phase phase(timeline::on() ? algorithm_phase(algo) : nullptr);
-  switch (algo) {
-    case Algorithm::RING: ring_allreduce(out, a.op, topo_.world, active_.ring_chunk_bytes); break;
-    case Algorithm::MPI: mpi_allreduce(out, a.op, topo_.world); break;
-    case Algorithm::SHM: shm_allreduce(out, a.op, shm(), active_.shm_chunk_bytes); break;
-    case Algorithm::HIERARCHICAL:
-      hierarchical_allreduce(out, a.op, shm(), topo_.cross, true, active_.ring_chunk_bytes);
-      break;
-    case Algorithm::HIERARCHICAL_MASTER:
-      hierarchical_master_allreduce(out, a.op, shm(), topo_.local_rank == 0 ? topo_.cross : MPI_COMM_NULL, true,
-                                    active_.ring_chunk_bytes);
-      break;
-    default: throw CommError("allreduce: unknown algorithm");
-  }
+  timeline::Phase phase(timeline::on() ? entry.phase : nullptr);
+  entry.host(out, a.op, allreduce_run(nullptr));
   if (a.average && !half) kernels::scale_cpu(out.data, out.count, out.dtype, inv_n);
 }
 
@@ -655,9 +612,10 @@ void Engine::run_fused(const std::vector<Op*>& ops) {
   const size_t bytes = total * kernels::dtype_size(dtype);
   const bool half = dtype == DType::F16 || dtype == DType::BF16;
   const Algorithm algo = resolve(head.algorithm, bytes, active_);
-  const bool one_node_shm = algo == Algorithm::SHM && topo_.num_nodes == 1;
-  const bool hier = algo == Algorithm::HIERARCHICAL && homogeneous_;
-  if (!active_.force_staging && topo_.size > 1 && topo_.local_size > 1 && (one_node_shm || hier)) {
+  // Refused shapes fall through to run_allreduce, which names the reason.
+  const WindowFusion window = allreduce_refusal(algo, job_shape()).empty() ? allreduce_algorithm(algo).fusion
+                                                                            : WindowFusion::NONE;
+  if (!active_.force_staging && topo_.size > 1 && topo_.local_size > 1 && window != WindowFusion::NONE) {
     FusedTensors t;
     t.srcs = srcs;
     t.dsts = dsts;
@@ -666,7 +624,8 @@ void Engine::run_fused(const std::vector<Op*>& ops) {
     t.world_size = topo_.size;
     const double scale = head.average && !half ? 1.0 / static_cast<double>(topo_.size) : 1.0;
     timeline::Phase phase("SHM_FUSED_ALLREDUCE");
-    windowed_fused_allreduce(t, head.op, head.average && half, scale, shm(), hier ? topo_.cross : MPI_COMM_NULL,
+    windowed_fused_allreduce(t, head.op, head.average && half, scale, shm(),
+                             window == WindowFusion::CROSS ? topo_.cross : MPI_COMM_NULL,
                              active_.ring_chunk_bytes, active_.shm_chunk_bytes);
     return;
   }

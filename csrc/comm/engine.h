@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "allreduce_catalogue.h"
 #include "common.h"
 #include "coordinator.h"
 #include "device_event.h"
@@ -32,9 +33,6 @@ class ShmWindow;
 class BackupSession;
 class MemoryMover;
 struct StagingBuffers;
-
-enum class Algorithm : int32_t { AUTO = 0, RING = 1, MPI = 2, SHM = 3, HIERARCHICAL = 4, HIERARCHICAL_MASTER = 5 };
-const char* algorithm_name(Algorithm a);
 
 struct EngineOptions {
   size_t ring_chunk_bytes = size_t(1) << 19;     // 512 KiB pipeline chunks
@@ -52,8 +50,8 @@ struct EngineOptions {
   // it (coordinator.h). Off: every operation pairs by submission order.
   bool pair_by_name = false;
   // Measured choices for "auto" (pycomm-tune): messages up to .first bytes use
-  // .second; sorted by size. Empty: the built-in rule in Engine::resolve.
-  std::vector<std::pair<size_t, Algorithm>> auto_table;
+  // .second; sorted by size. Empty: the built-in rule (choose_auto, allreduce_catalogue.h).
+  AutoTable auto_table;
 };
 
 // Completion of one submitted operation. `keepalive` holds whatever the
@@ -214,6 +212,8 @@ class Engine {
 
   // The algorithm `requested` ("auto" or a name) means for `bytes` on this topology under `o`.
   Algorithm resolve(Algorithm requested, size_t bytes, const EngineOptions& o) const;
+  // This job's shape, as the allreduce catalogue's rules read it.
+  JobShape job_shape() const;
   // Run one allreduce now, on the calling (engine) thread, with no coordination.
   void run_allreduce(const AllreduceArgs& args);
   // The same, for host memory only.
@@ -292,6 +292,10 @@ class Engine {
     return std::max<size_t>(1, std::min(active_.staging_chunk_bytes, size_t(1) << 30));
   }
   void run_device_allreduce(const AllreduceArgs& args);
+  // The catalogue entry of `a`, or CommError with the reason it cannot run on this job.
+  const AllreduceAlgorithm& checked_algorithm(Algorithm a) const;
+  // What an algorithm may use for one call on this engine (device: the buffer's mover, or null).
+  AllreduceRun allreduce_run(MemoryMover* device);
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
