@@ -175,7 +175,7 @@ def predict(algorithm: str, nbytes: int, machine: Machine, ranks: int, nodes: in
 
 
 def available(ranks: int, nodes: int, homogeneous: bool = True) -> List[str]:
-    """The exact algorithms a job of this shape can run (as pycomm.tune.available_algorithms)."""
+    """The exact algorithms a job of this shape can run (as pycomm.tools.tune.available_algorithms)."""
     algos = ["mpi", "ring"]
     if nodes == 1 and ranks > 1:
         algos.append("shm")

@@ -205,7 +205,7 @@ def agreed_tune_table(topo: Topology, comm) -> list:
     shape, rank 0 builds one from the stored cost-model constants
     (pycomm.cost_model), if any. Empty: the built-in rule. Collective over ``comm``.
     """
-    from .tune import available_algorithms, load_model, load_table, table_path
+    from .tools.tune import available_algorithms, load_model, load_table, table_path
 
     mine = load_table(topo)
     if comm.rank == 0 and mine is None:

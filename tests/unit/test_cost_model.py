@@ -123,7 +123,7 @@ def test_bad_input_is_named():
 
 
 def test_stored_constants_round_trip(tmp_path, monkeypatch):
-    from pycomm import tune
+    from pycomm.tools import tune
 
     monkeypatch.setenv("PYCOMM_TUNE_DIR", str(tmp_path))
     assert tune.load_model() is None

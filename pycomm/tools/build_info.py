@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 def job_shape(np: int, hosts: Optional[Sequence[Tuple[str, int]]]) -> "object":
     """The Topology (rank 0's view) of `np` ranks on `hosts`, or on this host alone."""
     from .launcher import ranks_per_host
-    from .runtime import Topology, _env_int
+    from ..runtime import Topology, _env_int
 
     per_node = _env_int("PYCOMM_RANKS_PER_NODE", 0)
     if hosts:
@@ -31,14 +31,15 @@ def job_shape(np: int, hosts: Optional[Sequence[Tuple[str, int]]]) -> "object":
 
 def report(np: int, hosts: Optional[Sequence[Tuple[str, int]]], launcher: str) -> str:
     from .launcher import mpi_flavour
-    from .runtime import mpi
+    from ..runtime import mpi
 
     MPI = mpi()  # before pycomm._C, as everywhere
     import mpi4py
     import torch
 
     import pycomm
-    from pycomm import _C, kernels, tune
+    from pycomm import _C, kernels
+    from pycomm.tools import tune
 
     lines: List[str] = []
 
@@ -53,7 +54,7 @@ def report(np: int, hosts: Optional[Sequence[Tuple[str, int]]], launcher: str) -
     override = os.environ.get("PYCOMM_CUDA_AWARE")
     row("CUDA-aware MPI", ("yes" if aware else "no") + (f" (PYCOMM_CUDA_AWARE={override})" if override else
                                                          " (MPIX_Query_cuda_support)"))
-    from .runtime import device_path
+    from ..runtime import device_path
 
     library = {1: "CUDA-aware", 0: "built without CUDA", -1: "cannot tell"}[_C.mpi_library_cuda_support()]
     path = device_path()

@@ -24,7 +24,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .cost_model import crossover_table  # noqa: F401 (also pycomm.tune's public name)
+from ..cost_model import crossover_table  # noqa: F401 (also pycomm.tools.tune's public name)
 
 TUNE_VERSION = 1
 
@@ -70,7 +70,7 @@ def model_path() -> str:
 
 def load_model():
     """The stored cost_model.Machine, or None (no file, or a stale or foreign one)."""
-    from .cost_model import Machine
+    from ..cost_model import Machine
 
     try:
         with open(model_path()) as f:
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     import pycomm
     from mpi4py import MPI
 
-    from . import cost_model
+    from .. import cost_model
 
     topo = pycomm.init()
     comm = MPI.COMM_WORLD

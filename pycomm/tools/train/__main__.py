@@ -1,4 +1,4 @@
-"""``pycomm-train`` / ``python -m pycomm.train``: see pycomm/train/cli.py for the options."""
+"""``pycomm-train`` / ``python -m pycomm.tools.train``: see pycomm/tools/train/cli.py for the options."""
 from __future__ import annotations
 
 import sys
