@@ -408,8 +408,9 @@ def main(argv=None):
                       f"{shm_us:>11} {eff:>10}")
         # pycomm.cost_model: every pycomm algorithm's predicted time beside its measured one.
         from pycomm import cost_model
+        from pycomm.tools import machine as cost_model_constants
 
-        machine = cost_model.measure(pycomm.world_comm(), pycomm.local_comm(), topo)
+        machine = cost_model_constants.measure(pycomm.world_comm(), pycomm.local_comm(), topo)
         shm_chunk, shm_chunked_above = cost_model.shm_pipeline(topo.local_size)
         predicted = []
         for r in rows:

@@ -2,7 +2,8 @@
 
     launcher     pycomm-run (mpirun with pycomm's defaults; --check-build)
     build_info   the report of pycomm-run --check-build
-    tune         pycomm-tune (measures the "auto" table and the cost model's constants)
+    tune         pycomm-tune (measures the "auto" table and, through machine, the cost model's constants)
+    machine      measuring the cost model's constants on a running job (pycomm.cost_model.Machine)
     benchmark    timing helpers for bench/ and the tools
     train/       pycomm-train (data, models, the training loop, metrics, checkpoints)
     testbed/     pycomm-testbed (emulated hosts joined by a rate-limited network)

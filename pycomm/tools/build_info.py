@@ -8,17 +8,17 @@ load for the job shape given (``-np``, ``-H``/``--hostfile``,
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 
-def job_shape(np: int, hosts: Optional[Sequence[Tuple[str, int]]]) -> "object":
-    """The Topology (rank 0's view) of `np` ranks on `hosts`, or on this host alone."""
-    from .launcher import ranks_per_host
+def job_shape(np: int, host_ranks: Optional[Sequence[int]]) -> "object":
+    """The Topology (rank 0's view) of `np` ranks placed `host_ranks` per host (pycomm.tools.launcher's
+    ranks_per_host, in host order), or on this host alone (None)."""
     from ..runtime import Topology, _env_int
 
     per_node = _env_int("PYCOMM_RANKS_PER_NODE", 0)
-    if hosts:
-        counts = list(ranks_per_host(np, hosts).values())
+    if host_ranks:
+        counts = list(host_ranks)
         virtual = False
     elif per_node > 0:
         counts = [min(per_node, np - start) for start in range(0, np, per_node)]
@@ -29,8 +29,9 @@ def job_shape(np: int, hosts: Optional[Sequence[Tuple[str, int]]]) -> "object":
                     homogeneous=len(set(counts)) == 1, virtual_nodes=virtual)
 
 
-def report(np: int, hosts: Optional[Sequence[Tuple[str, int]]], launcher: str) -> str:
-    from .launcher import mpi_flavour
+def report(np: int, host_ranks: Optional[Sequence[int]], launcher: str, flavour: str) -> str:
+    """The report of ``pycomm-run --check-build`` for `np` ranks placed `host_ranks` per host (None: this
+    host alone), started by `launcher`, whose MPI is `flavour` (the launcher's detection)."""
     from ..runtime import mpi
 
     MPI = mpi()  # before pycomm._C, as everywhere
@@ -66,8 +67,8 @@ def report(np: int, hosts: Optional[Sequence[Tuple[str, int]]], launcher: str) -
     library = MPI.Get_library_version().strip().splitlines()[0]
     row("MPI library", f"{library}; MPI standard {'.'.join(map(str, MPI.Get_version()))}")
     row("mpi4py", f"{mpi4py.__version__}")
-    row("launcher", f"{launcher} ({mpi_flavour(launcher)})")
-    topo = job_shape(np, hosts)
+    row("launcher", f"{launcher} ({flavour})")
+    topo = job_shape(np, host_ranks)
     path = tune.table_path(topo)
     table = tune.load_table(topo)
     shape = f"{topo.size} ranks, {topo.num_nodes} node(s) x {topo.local_size}" + (" (virtual)" if topo.virtual_nodes

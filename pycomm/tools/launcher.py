@@ -274,7 +274,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     launcher = find_launcher(args.launcher)
     if args.check_build:
         from .build_info import report  # imports torch and MPI: only here
-        print(report(args.np, args.host_slots, launcher))
+        host_ranks = list(ranks_per_host(args.np, args.host_slots).values()) if args.host_slots else None
+        print(report(args.np, host_ranks, launcher, mpi_flavour(launcher)))
         return 0
     command = list(args.command)
     if command[0] in ("python", "python3"):

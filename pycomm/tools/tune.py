@@ -20,66 +20,21 @@ import argparse
 import json
 import os
 import sys
-from typing import List, Optional, Tuple
 
 import torch
 
+# What pycomm.init() reads is in the runtime (pycomm.auto_choice); these are pycomm-tune's names too.
+from ..auto_choice import (  # noqa: F401
+    TUNE_VERSION,
+    available_algorithms,
+    load_model,
+    load_table,
+    model_path,
+    table_path,
+    tune_dir,
+)
 from ..cost_model import crossover_table  # noqa: F401 (also pycomm.tools.tune's public name)
-
-TUNE_VERSION = 1
-
-
-def tune_dir() -> str:
-    return os.environ.get("PYCOMM_TUNE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "pycomm")
-
-
-def table_path(topo) -> str:
-    return os.path.join(tune_dir(), f"tune-{topo.size}ranks-{topo.num_nodes}nodes-{topo.local_size}pernode.json")
-
-
-def available_algorithms(topo) -> List[str]:
-    algos = ["mpi", "ring"]
-    if topo.num_nodes == 1 and topo.size > 1:
-        algos.append("shm")
-    if topo.num_nodes > 1 and topo.homogeneous:
-        algos += ["hierarchical", "hierarchical_master"]
-    return algos
-
-
-def load_table(topo) -> Optional[List[Tuple[int, str]]]:
-    """The stored table for this topology, or None. A stale or foreign file is ignored."""
-    path = table_path(topo)
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if data.get("version") != TUNE_VERSION or data.get("virtual_nodes") != topo.virtual_nodes:
-        return None
-    allowed = set(available_algorithms(topo))
-    table = [(int(b), str(a)) for b, a in data.get("table", [])]
-    if not table or any(a not in allowed for _, a in table):
-        return None
-    return table
-
-
-def model_path() -> str:
-    """The machine's cost-model constants (pycomm.cost_model), measured by pycomm-tune for any job shape."""
-    return os.path.join(tune_dir(), "machine.json")
-
-
-def load_model():
-    """The stored cost_model.Machine, or None (no file, or a stale or foreign one)."""
-    from ..cost_model import Machine
-
-    try:
-        with open(model_path()) as f:
-            data = json.load(f)
-        if data.get("version") != TUNE_VERSION:
-            return None
-        return Machine.from_dict(data["constants"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+from .machine import measure as measure_machine
 
 
 def measure(algorithm: str, nbytes: int, iters: int, comm) -> float:
@@ -108,7 +63,7 @@ def main(argv=None) -> int:
 
     topo = pycomm.init()
     comm = MPI.COMM_WORLD
-    machine = cost_model.measure(pycomm.world_comm(), pycomm.local_comm(), topo)
+    machine = measure_machine(pycomm.world_comm(), pycomm.local_comm(), topo)
     if comm.rank == 0:
         print("cost model constants: " + ", ".join(f"{k} {v:.3g}" for k, v in machine.to_dict().items()), flush=True)
         if not args.dry_run:
