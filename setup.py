@@ -172,10 +172,10 @@ setup(
     extras_require={"train": ["scikit-learn"], "test": ["pytest", "pytest-timeout", "hypothesis", "scikit-learn"]},
     entry_points={
         "console_scripts": [
-            "pycomm-run=pycomm.launcher:main",
-            "pycomm-train=pycomm.train.__main__:main",
-            "pycomm-testbed=pycomm.testbed:main",
-            "pycomm-tune=pycomm.tune:main",
+            "pycomm-run=pycomm.tools.launcher:main",
+            "pycomm-train=pycomm.tools.train.__main__:main",
+            "pycomm-testbed=pycomm.tools.testbed:main",
+            "pycomm-tune=pycomm.tools.tune:main",
         ]
     },
     zip_safe=False,

@@ -29,7 +29,7 @@ tar --exclude=./.venv --exclude=./.venv-mpich --exclude=./build --exclude='./pyc
 cd "$tree"
 PYCOMM_NO_EXTENSION=1 "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps -e .
 "$venv/bin/python" setup.py -q build_ext --inplace
-"$venv/bin/python" -c "import pycomm.launcher as l; f = l.mpi_flavour(l.find_launcher()); print('ci/mpich: launcher flavour', f); assert f == 'mpich'"
+"$venv/bin/python" -c "import pycomm.tools.launcher as l; f = l.mpi_flavour(l.find_launcher()); print('ci/mpich: launcher flavour', f); assert f == 'mpich'"
 echo "ci/mpich: environment and build ready after $(( $(date +%s) - start )) s"
 # The tests/parallel files of the engine (collectives, fusion, groups, agreement, compression, staging, the
 # parameter server, the torch.distributed backend) at 2 and 3 ranks (an even and an odd world; every file runs

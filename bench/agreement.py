@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 import pycomm
-from pycomm.benchmark import median_time
+from pycomm.tools.benchmark import median_time
 
 
 def main(argv=None):

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 import pycomm
-from pycomm.benchmark import bandwidth, median_time
+from pycomm.tools.benchmark import bandwidth, median_time
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -300,7 +300,7 @@ def main(argv=None):
     p.add_argument("--link-gbps", type=float, default=1.0, help="link rate of --testbed, Gbit/s")
     args = p.parse_args(argv)
     if args.testbed and not os.environ.get("PYCOMM_TESTBED"):
-        from pycomm import testbed
+        from pycomm.tools import testbed
 
         return testbed.relaunch(args.testbed, args.link_gbps)
 
@@ -408,8 +408,9 @@ def main(argv=None):
                       f"{shm_us:>11} {eff:>10}")
         # pycomm.cost_model: every pycomm algorithm's predicted time beside its measured one.
         from pycomm import cost_model
+        from pycomm.tools import machine as cost_model_constants
 
-        machine = cost_model.measure(pycomm.world_comm(), pycomm.local_comm(), topo)
+        machine = cost_model_constants.measure(pycomm.world_comm(), pycomm.local_comm(), topo)
         shm_chunk, shm_chunked_above = cost_model.shm_pipeline(topo.local_size)
         predicted = []
         for r in rows:

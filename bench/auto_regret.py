@@ -5,7 +5,7 @@
         && pycomm-run -np 2 python bench/auto_regret.py --table stored   # after pycomm-tune
 
 For each size (powers of 4 from --min-bytes to --max-bytes, float32, sum) every
-algorithm available on the job's shape (pycomm.tune.available_algorithms) and
+algorithm available on the job's shape (pycomm.tools.tune.available_algorithms) and
 `auto` are timed in an interleaved order, --reps samples each; a sample is the
 slowest rank's time for `inner` back-to-back blocking calls (more below 4 MiB,
 so a sample is long enough to time). Printed per size: the median of each, what
@@ -25,8 +25,8 @@ import sys
 import torch
 
 import pycomm
-from pycomm.benchmark import slowest_rank_times
-from pycomm.tune import available_algorithms
+from pycomm.tools.benchmark import slowest_rank_times
+from pycomm.tools.tune import available_algorithms
 
 
 def parse_size(text: str) -> int:

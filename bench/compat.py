@@ -50,10 +50,10 @@ def horovod_missing() -> str:
 
 
 def _mpirun(np: int, args: List[str], env: Dict[str, str], timeout: float) -> Tuple[int, str]:
-    # pycomm/launcher.py on its own (standard library only): the orchestrator imports neither torch nor pycomm.
+    # pycomm/tools/launcher.py on its own (standard library only): the orchestrator imports neither torch nor pycomm.
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("pycomm_launcher", os.path.join(ROOT, "pycomm", "launcher.py"))
+    spec = importlib.util.spec_from_file_location("pycomm_launcher", os.path.join(ROOT, "pycomm", "tools", "launcher.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     build_command, find_launcher, mpi_flavour = mod.build_command, mod.find_launcher, mod.mpi_flavour

@@ -54,8 +54,8 @@ def configs(study: str):
 def worker(opts) -> None:
     sys.path.insert(0, ROOT)
     import pycomm
-    from pycomm.train.cli import parse_args
-    from pycomm.train.loop import train
+    from pycomm.tools.train.cli import parse_args
+    from pycomm.tools.train.loop import train
 
     pycomm.init()
     for label, ds, argv in configs(opts.study):
@@ -107,7 +107,7 @@ def main() -> int:
     if opts.worker:
         worker(opts)
         return 0
-    cmd = [sys.executable, "-m", "pycomm.launcher", "-np", str(opts.np), "--", sys.executable,
+    cmd = [sys.executable, "-m", "pycomm.tools.launcher", "-np", str(opts.np), "--", sys.executable,
            os.path.abspath(__file__), opts.study, "--worker", "--epochs", str(opts.epochs), "--seeds",
            *map(str, opts.seeds)]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})

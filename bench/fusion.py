@@ -19,7 +19,7 @@ import json
 import torch
 
 import pycomm
-from pycomm.benchmark import median_time
+from pycomm.tools.benchmark import median_time
 
 
 def resnet50_shapes():

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 import pycomm
-from pycomm.benchmark import human_size, parse_size
+from pycomm.tools.benchmark import human_size, parse_size
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parallel"))
 
@@ -140,7 +140,7 @@ def main() -> int:
         dev, sync, backend, why = torch.device("cpu"), (lambda: None), "gloo", "CPU dry run"
         path = ("device-direct stand-in" if os.environ.get("PYCOMM_FORCE_DEVICE_DIRECT") == "1" else
                 "staged stand-in" if os.environ.get("PYCOMM_FORCE_STAGING") == "1" else "host path")
-    from pycomm.benchmark import init_torch_process_group
+    from pycomm.tools.benchmark import init_torch_process_group
 
     init_torch_process_group(comm, backend)
     import torch.distributed as dist

@@ -149,7 +149,7 @@ else
   STATUS[mpi]="none carried"
 fi
 # Open MPI as root (the lent machines run commands as root): allowed through its environment, so
-# the tests' own launcher (pycomm.launcher) is covered as well.
+# the tests' own launcher (pycomm.tools.launcher) is covered as well.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 
 env_step() {
@@ -177,7 +177,7 @@ run build "$PY" setup.py build_ext --inplace
 
 import_step() {
   "$PY" -c 'import pycomm; assert pycomm._C.cuda_built, "built without CUDA"; print("cuda_built", True)' || return 1
-  "$PY" -c 'import sys; from pycomm.launcher import main; sys.exit(main(["--check-build", "-np", "2"]))'
+  "$PY" -c 'import sys; from pycomm.tools.launcher import main; sys.exit(main(["--check-build", "-np", "2"]))'
 }
 export -f import_step
 run import bash -c import_step
@@ -189,7 +189,7 @@ run unit "$PY" -m pytest -q -p no:cacheprovider --color=no -rs -k cuda $UNIT_FIL
 
 # Jobs start through pycomm's own launcher (pycomm-run: the flags this MPI needs as root, no core
 # binding), with the MPI installed above first on PATH.
-LAUNCH=("$PY" -c 'import sys; from pycomm.launcher import main; sys.exit(main(sys.argv[1:]))')
+LAUNCH=("$PY" -c 'import sys; from pycomm.tools.launcher import main; sys.exit(main(sys.argv[1:]))')
 # One job, one pytest session over every file's CUDA cases (tests/parallel/conftest.py ends a failing
 # rank at once, so a failure ends the job instead of hanging it).
 # shellcheck disable=SC2086

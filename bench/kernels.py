@@ -41,7 +41,7 @@ if glob.glob(os.path.join(ROOT, "pycomm", "_C*.so")) and ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import pycomm  # noqa: E402
-from pycomm.benchmark import human_size  # noqa: E402
+from pycomm.tools.benchmark import human_size  # noqa: E402
 from pycomm import kernels as K  # noqa: E402
 
 MiB = 1 << 20

@@ -4,7 +4,7 @@
 
 Cells: every algorithm of pycomm.training x {sgd, adam, lars, lamb, onebit_adam, onebit_lamb} x
 {fp32, fp16, bf16} x {none, fp16, onebit compression}. Each cell is first put to pycomm-train's own
-option checks (pycomm.train.cli.parse_args, no MPI; asked afresh on every invocation, never stored):
+option checks (pycomm.tools.train.cli.parse_args, no MPI; asked afresh on every invocation, never stored):
 a combination it refuses shows its refusal message. Every allowed cell is one run of
 pycomm-train's train() with
 
@@ -73,7 +73,7 @@ def train_argv(cell) -> List[str]:
 
 def refusal(cell) -> Optional[str]:
     """pycomm-train's refusal message for this combination, or None if its option checks accept it."""
-    from pycomm.train.cli import parse_args
+    from pycomm.tools.train.cli import parse_args
 
     err = io.StringIO()
     try:
@@ -113,8 +113,8 @@ def worker(keys: List[str]) -> None:
     import warnings
 
     import pycomm
-    from pycomm.train.cli import parse_args
-    from pycomm.train.loop import train
+    from pycomm.tools.train.cli import parse_args
+    from pycomm.tools.train.loop import train
 
     pycomm.init()
     for k in keys:
@@ -139,7 +139,7 @@ def run_chunk(keys: List[str], np_: int, timeout_s: float, deadline: Optional[fl
     Past `deadline` (time.time()) the job is stopped between two cells."""
     import threading
 
-    cmd = [sys.executable, "-m", "pycomm.launcher", "-np", str(np_), "--", sys.executable, os.path.abspath(__file__),
+    cmd = [sys.executable, "-m", "pycomm.tools.launcher", "-np", str(np_), "--", sys.executable, os.path.abspath(__file__),
            "--worker", ",".join(keys)]
     with tempfile.TemporaryFile("w+") as errf:
         p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=errf, text=True,

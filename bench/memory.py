@@ -84,7 +84,7 @@ def worker(algorithm: str, steps: int) -> None:
 
 
 def launch(np: int, threshold: int, algorithm: str, steps: int) -> dict:
-    from pycomm.launcher import build_command, find_launcher, mpi_flavour
+    from pycomm.tools.launcher import build_command, find_launcher, mpi_flavour
 
     env = dict(os.environ, PYCOMM_FUSION_THRESHOLD=str(threshold), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     launcher = find_launcher()

@@ -50,14 +50,14 @@ def main() -> int:
 
     import pycomm
     from pycomm import ddp_hooks
-    from pycomm.train.data import epoch_shard, load_dataset
-    from pycomm.train.models import MLP
+    from pycomm.tools.train.data import epoch_shard, load_dataset
+    from pycomm.tools.train.models import MLP
 
     torch.set_num_threads(1)
     pycomm.init()
     from mpi4py import MPI
 
-    from pycomm.benchmark import init_torch_process_group
+    from pycomm.tools.benchmark import init_torch_process_group
 
     comm = MPI.COMM_WORLD
     init_torch_process_group(comm, "gloo")

@@ -43,7 +43,7 @@ import time
 import torch
 
 import pycomm
-from pycomm.benchmark import bandwidth, human_size, median_time, parse_size
+from pycomm.tools.benchmark import bandwidth, human_size, median_time, parse_size
 from pycomm.ps import ParameterServer, UpdateRule
 
 def slowest(comm, fn) -> float:

@@ -17,7 +17,7 @@ import statistics
 import torch
 
 import pycomm
-from pycomm.benchmark import human_size, parse_size, slowest_rank_times
+from pycomm.tools.benchmark import human_size, parse_size, slowest_rank_times
 
 
 def main(argv=None) -> None:

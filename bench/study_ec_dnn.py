@@ -63,7 +63,7 @@ stats = study_runner.stats
 
 
 def report(records: List[dict], opts, command: str) -> str:
-    from pycomm.train.metrics import human_bytes
+    from pycomm.tools.train.metrics import human_bytes
 
     lines = [f"{opts.np} ranks x batch {opts.batch_size}, SGD (lr 0.05, momentum 0.9), seeds "
              f"{' '.join(map(str, opts.seeds))}; mean ± standard deviation over seeds. EC-DNN: lambda 0.5, "

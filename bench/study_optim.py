@@ -72,7 +72,7 @@ def train_epochs(opt, base, peak, mp, model, data, world, rank, seed, epochs, sp
     import torch
     import torch.nn.functional as F
 
-    from pycomm.train.data import epoch_shard
+    from pycomm.tools.train.data import epoch_shard
 
     step = 0
     for epoch in range(epochs):
@@ -98,8 +98,8 @@ def one_run(label: str, b: int, seed: int, epochs: int, data) -> dict:
 
     import pycomm
     from pycomm.optimizer import ring_bytes_sent
-    from pycomm.train.metrics import accuracy
-    from pycomm.train.models import build_model
+    from pycomm.tools.train.metrics import accuracy
+    from pycomm.tools.train.models import build_model
 
     world, rank = pycomm.size(), pycomm.rank()
     torch.manual_seed(seed)
@@ -146,7 +146,7 @@ def one_run(label: str, b: int, seed: int, epochs: int, data) -> dict:
 def worker(opts) -> None:
     sys.path.insert(0, ROOT)
     import pycomm
-    from pycomm.train.data import _synthetic
+    from pycomm.tools.train.data import _synthetic
 
     pycomm.init()
     data = _synthetic(n_train=N_TRAIN, n_test=N_TEST)
@@ -166,7 +166,7 @@ stats = study_runner.stats
 
 
 def report(records: List[dict], opts) -> str:
-    from pycomm.train.metrics import human_bytes
+    from pycomm.tools.train.metrics import human_bytes
 
     bs = sorted({r["batch_per_rank"] for r in records})
     lines = [f"Synthetic 10-class task ({N_TRAIN} train / {N_TEST} test), MLP, {opts.np} ranks, {opts.epochs} epochs "

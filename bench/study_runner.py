@@ -22,7 +22,7 @@ def fresh_results(out: str, name: str) -> str:
 
 def launch(name: str, np_: int, script: str, args: Sequence[str]) -> int:
     """`python script args` on np_ ranks through pycomm-run (one OpenMP thread a rank); its exit status."""
-    cmd = [sys.executable, "-m", "pycomm.launcher", "-np", str(np_), sys.executable, os.path.abspath(script), *args]
+    cmd = [sys.executable, "-m", "pycomm.tools.launcher", "-np", str(np_), sys.executable, os.path.abspath(script), *args]
     rc = subprocess.call(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if rc != 0:
         print(f"{name}: {' '.join(cmd)} failed with status {rc}", file=sys.stderr)
@@ -55,8 +55,8 @@ def train_quietly(argv: Sequence[str]) -> dict:
     import contextlib
     import io
 
-    from pycomm.train.cli import parse_args
-    from pycomm.train.loop import train
+    from pycomm.tools.train.cli import parse_args
+    from pycomm.tools.train.loop import train
 
     with contextlib.redirect_stdout(io.StringIO()):
         return train(parse_args(list(argv)))

@@ -76,7 +76,7 @@ stats = study_runner.stats
 
 
 def report(records: List[dict], opts) -> str:
-    from pycomm.train.metrics import human_bytes
+    from pycomm.tools.train.metrics import human_bytes
 
     labels = list(dict.fromkeys(r["label"] for r in records))
     by = {lab: [r for r in records if r["label"] == lab] for lab in labels}

@@ -66,7 +66,7 @@ def model_factor(algorithm: str, hosts: int, ranks_per_host: int) -> float:
 
 
 def host_sent() -> int:
-    from pycomm.testbed import parse_qdisc_bytes
+    from pycomm.tools.testbed import parse_qdisc_bytes
 
     out = subprocess.run(["tc", "-s", "qdisc", "show", "dev", "eth0"], capture_output=True, text=True, check=True)
     return parse_qdisc_bytes(out.stdout)
@@ -309,7 +309,7 @@ def main(argv=None) -> int:
                    help="then time each stage of the compressed rows and hierarchical/none (pycomm's timeline) "
                         "beside a copy of S on every rank at once")
     args = p.parse_args(argv)
-    from pycomm.testbed import ENV_MARKER, relaunch
+    from pycomm.tools.testbed import ENV_MARKER, relaunch
 
     if not os.environ.get(ENV_MARKER):
         # Re-run inside a fresh bed; --link-gbps stays on the command line for the model.

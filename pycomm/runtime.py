@@ -186,13 +186,19 @@ def init(ranks_per_node: Optional[int] = None, abort_on_exception: bool = True) 
     # Measured crossovers for algorithm="auto", if pycomm-tune stored some: rank
     # 0's table, broadcast, so every rank resolves "auto" identically.
     _C.set_options({"auto_table": agreed_tune_table(topo, world)})
-    from .timeline import start_from_env
-
-    start_from_env(topo.rank)  # PYCOMM_TIMELINE
+    start_timeline_from_env(topo.rank)  # PYCOMM_TIMELINE
     atexit.register(shutdown)
     if abort_on_exception:
         _install_abort_hook()
     return topo
+
+
+def start_timeline_from_env(rank: int) -> None:
+    """pycomm.init(): start the timeline (pycomm.timeline) named by PYCOMM_TIMELINE, if set."""
+    path = os.environ.get("PYCOMM_TIMELINE", "")
+    if path and not _C.timeline_path():
+        _C.timeline_start(path, rank)
+        atexit.register(_C.timeline_stop)
 
 
 def agreed_tune_table(topo: Topology, comm) -> list:
@@ -205,7 +211,7 @@ def agreed_tune_table(topo: Topology, comm) -> list:
     shape, rank 0 builds one from the stored cost-model constants
     (pycomm.cost_model), if any. Empty: the built-in rule. Collective over ``comm``.
     """
-    from .tune import available_algorithms, load_model, load_table, table_path
+    from .auto_choice import available_algorithms, load_model, load_table, table_path
 
     mine = load_table(topo)
     if comm.rank == 0 and mine is None:

@@ -21,7 +21,6 @@ while a torch profiler runs, so pycomm shows up in torch's traces.
 """
 from __future__ import annotations
 
-import atexit
 import functools
 import os
 from typing import Optional
@@ -30,6 +29,7 @@ import torch
 from torch.autograd.profiler import record_function
 
 from . import _C
+from .runtime import start_timeline_from_env as start_from_env  # noqa: F401 (pycomm.init() calls it)
 from .runtime import topology
 
 _profiler_enabled = torch._C._autograd._profiler_enabled
@@ -59,14 +59,6 @@ def stop_timeline() -> None:
 def timeline_path() -> Optional[str]:
     """This rank's timeline file while one is written, else None."""
     return _C.timeline_path() or None
-
-
-def start_from_env(rank: int) -> None:
-    """pycomm.init(): start the timeline named by PYCOMM_TIMELINE, if set."""
-    path = os.environ.get("PYCOMM_TIMELINE", "")
-    if path and not _C.timeline_path():
-        _C.timeline_start(path, rank)
-        atexit.register(_C.timeline_stop)
 
 
 def profiled(name: str):

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from typing import Dict, Optional, Tuple
 
-from pycomm.launcher import build_command, find_launcher, mpi_flavour
+from pycomm.tools.launcher import build_command, find_launcher, mpi_flavour
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -187,7 +187,7 @@ def test_parameter_server_names_a_dead_worker(tmp_path):
     assert "UNREACHABLE" not in out, out
     killed = float(out.split("KILLED AT ")[1].split()[0])
     line = next((ln for ln in out.splitlines() if "has died" in ln), None)
-    from pycomm import launcher
+    from pycomm.tools import launcher
 
     if line is None and launcher.mpi_flavour(launcher.find_launcher()) == "mpich":
         # MPICH's launcher kills every process the moment one dies, often before the server's next

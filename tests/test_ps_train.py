@@ -11,7 +11,7 @@ from mpi_launch import run_under_mpi
 
 
 def _train(np_, servers, algorithm, *extra, epochs=1, lr=0.1):
-    args = ["-m", "pycomm.train", "--algorithm", algorithm, "--dataset", "digits", "--model", "mlp",
+    args = ["-m", "pycomm.tools.train", "--algorithm", algorithm, "--dataset", "digits", "--model", "mlp",
             "--epochs", str(epochs), "--batch-size", "32", "--lr", str(lr), "--seed", "3", "--no-progress",
             "--no-bandwidth-table", *extra]
     rc, out = run_under_mpi(np_, args, timeout=180, env={"PYCOMM_PS_SERVERS": str(servers)})
@@ -23,8 +23,8 @@ def _train(np_, servers, algorithm, *extra, epochs=1, lr=0.1):
 def test_ssp_bsp_with_two_dedicated_servers_matches_colocated():
     # s = 0 is BSP: 2 workers with 2 dedicated servers (4 ranks) train the same trajectory as 2 co-located
     # ranks; only the order in which a server applies the two workers' pushes of a step differs (float rounding).
-    from pycomm.train.data import load_dataset, steps_per_epoch
-    from pycomm.train.models import build_model
+    from pycomm.tools.train.data import load_dataset, steps_per_epoch
+    from pycomm.tools.train.models import build_model
 
     runs = [_train(np_, k, "ssp", "--staleness", "0", lr=0.01) for np_, k in ((4, 2), (2, 0))]
     for rc, out, summaries in runs:

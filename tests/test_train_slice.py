@@ -29,7 +29,7 @@ def test_every_algorithm_and_optimizer_learns_at_defaults():
     assert rc == 0, out[-6000:]
     rows = [json.loads(ln) for ln in out.splitlines() if ln.startswith('{"run"')]
     from pycomm.training import names, server_sgd
-    from pycomm.train.optimizers import OPTIMIZERS
+    from pycomm.tools.train.optimizers import OPTIMIZERS
 
     assert [r["run"] for r in rows] == [f"algorithm {a}" for a in names()] + [
         f"optimizer {o}" for o in OPTIMIZERS if o != "sgd"], out[-6000:]

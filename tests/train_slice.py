@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def runs():
     from pycomm.training import names
-    from pycomm.train.optimizers import OPTIMIZERS
+    from pycomm.tools.train.optimizers import OPTIMIZERS
 
     return ([("algorithm", a, ["--algorithm", a]) for a in names()]
             + [("optimizer", o, ["--optimizer", o]) for o in OPTIMIZERS if o != "sgd"])
@@ -36,8 +36,8 @@ def main() -> int:
     p.add_argument("--dataset", default="digits")
     opts = p.parse_args()
     import pycomm
-    from pycomm.train.cli import parse_args
-    from pycomm.train.loop import train
+    from pycomm.tools.train.cli import parse_args
+    from pycomm.tools.train.loop import train
 
     pycomm.init()
     for seed in opts.seeds:

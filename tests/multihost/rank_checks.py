@@ -31,7 +31,7 @@ import torch  # noqa: E402
 
 import pycomm  # noqa: E402
 from pycomm import collectives  # noqa: E402
-from pycomm.testbed import parse_qdisc_bytes  # noqa: E402
+from pycomm.tools.testbed import parse_qdisc_bytes  # noqa: E402
 from compression_ref import layout, onebit_model  # noqa: E402
 
 LINK_BYTES = int(os.environ.get("PYCOMM_MULTIHOST_LINK_BYTES", 8 << 20))

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from pycomm import collectives, testbed
+from pycomm import collectives
+from pycomm.tools import testbed
 
 HOSTS, RANKS_PER_HOST, LINK_GBPS = 2, 2, 1.0
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

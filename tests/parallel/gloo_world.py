@@ -2,9 +2,9 @@
 
 
 def start_gloo() -> None:
-    """init_process_group("gloo") on MPI.COMM_WORLD's ranks (pycomm.benchmark.init_torch_process_group)."""
+    """init_process_group("gloo") on MPI.COMM_WORLD's ranks (pycomm.tools.benchmark.init_torch_process_group)."""
     from mpi4py import MPI
 
-    from pycomm.benchmark import init_torch_process_group
+    from pycomm.tools.benchmark import init_torch_process_group
 
     init_torch_process_group(MPI.COMM_WORLD, "gloo")

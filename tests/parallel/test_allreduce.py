@@ -92,7 +92,8 @@ def test_every_rank_uses_rank_zeros_tune_table(tmp_path, monkeypatch, comm):
     import json
     import warnings
 
-    from pycomm import runtime, tune
+    from pycomm import runtime
+    from pycomm.tools import tune
 
     rank, size = pycomm.rank(), pycomm.size()
     topo = pycomm.topology()
@@ -243,7 +244,7 @@ def test_bandwidth_table_counts_wrong_results():
     # as they were) is counted wrong on every rank but a middle one.
     from mpi4py import MPI
 
-    from pycomm.train import bandwidth
+    from pycomm.tools.train import bandwidth
 
     rows = bandwidth.measure(sizes=(4 << 10, 12 << 10), iters=2, warmup=0)
     assert rows and all(r["wrong"] == 0 for r in rows), rows

@@ -252,8 +252,8 @@ def test_pycomm_train_with_a_straggler_keeps_one_model(comm, tmp_path):
     import contextlib
     import io
 
-    from pycomm.train.cli import parse_args
-    from pycomm.train.loop import train
+    from pycomm.tools.train.cli import parse_args
+    from pycomm.tools.train.loop import train
 
     ckpt = comm.bcast(str(tmp_path) if rank == 0 else None, root=0)
     argv = ["--algorithm", "backup_sgd", "--backup-workers", "1", "--straggler", f"{world - 1}:4", "--dataset",

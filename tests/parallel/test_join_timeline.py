@@ -341,8 +341,8 @@ def test_timeline_from_environment_and_torch_profiler(tmp_path, monkeypatch):
 def test_pycomm_train_every_sample_uneven_batches(tmp_path, comm):
     """121 samples, batch 10: ranks get 61/60 (2 ranks), 41/40/40 (3), 31/30/30/30 (4) samples, so the
     first ranks take one batch more; the others join, and every rank ends with the same model."""
-    from pycomm.train.cli import parse_args
-    from pycomm.train.loop import train
+    from pycomm.tools.train.cli import parse_args
+    from pycomm.tools.train.loop import train
 
     rank, size = pycomm.rank(), pycomm.size()
     if size == 1:

@@ -3,9 +3,10 @@ the Python validators, the cost model and pycomm-tune read it through _C."""
 import itertools
 
 import pytest
+import torch
 
 import pycomm
-from pycomm import _C, _ops, cost_model, tune
+from pycomm import _C, _ops, auto_choice, cost_model
 
 NAMES = [entry["name"] for entry in _C.allreduce_algorithms()]
 
@@ -54,7 +55,7 @@ def test_offered_matches_the_shapes_each_algorithm_needs(ranks, nodes, homogeneo
         assert set(cost_model.available(ranks, nodes)) == set(offered)
     topo = pycomm.Topology(rank=0, size=ranks, local_rank=0, local_size=local, node_rank=0, num_nodes=nodes,
                            homogeneous=homogeneous, virtual_nodes=nodes > 1)
-    assert tune.available_algorithms(topo) == offered
+    assert auto_choice.available_algorithms(topo) == offered
 
 
 def test_refusals_name_the_reason():
@@ -70,5 +71,8 @@ def test_refusals_name_the_reason():
 def test_unknown_names_are_refused_with_the_choices():
     with pytest.raises(ValueError, match="choose auto, ring, mpi"):
         _C.allreduce_refusal("butterfly", 4, 1, 4, True)
+    pycomm.init()
     with pytest.raises(ValueError, match="hierarchical_master"):
         _C.set_options({"auto_table": [(1024, "butterfly")]})
+    with pytest.raises(ValueError, match="butterfly"):
+        pycomm.allreduce(torch.ones(3), algorithm="butterfly")

@@ -1,7 +1,7 @@
-"""The size syntax of pycomm's benchmarks (pycomm.benchmark.parse_size / human_size)."""
+"""The size syntax of pycomm's benchmarks (pycomm.tools.benchmark.parse_size / human_size)."""
 import pytest
 
-from pycomm.benchmark import human_size, parse_size
+from pycomm.tools.benchmark import human_size, parse_size
 
 
 @pytest.mark.parametrize("text,n", [("4096", 4096), ("64K", 65536), ("64KiB", 65536), ("16M", 16 << 20),

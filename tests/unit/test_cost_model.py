@@ -123,13 +123,21 @@ def test_bad_input_is_named():
 
 
 def test_stored_constants_round_trip(tmp_path, monkeypatch):
-    from pycomm import tune
+    from pycomm import auto_choice
 
     monkeypatch.setenv("PYCOMM_TUNE_DIR", str(tmp_path))
-    assert tune.load_model() is None
-    with open(tune.model_path(), "w") as f:
-        json.dump(dict(version=tune.TUNE_VERSION, constants=M.to_dict()), f)
-    assert tune.load_model() == M
-    with open(tune.model_path(), "w") as f:
-        json.dump(dict(version=tune.TUNE_VERSION + 1, constants=M.to_dict()), f)
-    assert tune.load_model() is None  # stale
+    assert auto_choice.load_model() is None
+    with open(auto_choice.model_path(), "w") as f:
+        json.dump(dict(version=auto_choice.TUNE_VERSION, constants=M.to_dict()), f)
+    assert auto_choice.load_model() == M
+    with open(auto_choice.model_path(), "w") as f:
+        json.dump(dict(version=auto_choice.TUNE_VERSION + 1, constants=M.to_dict()), f)
+    assert auto_choice.load_model() is None  # stale
+
+
+def test_measuring_is_a_tool():
+    from pycomm.tools import machine, tune
+
+    assert tune.measure_machine is machine.measure
+    with pytest.raises(AttributeError, match="moved to pycomm.tools.machine.measure"):
+        cost_model.measure

@@ -60,7 +60,7 @@ def test_stats_and_check_build_say_which_device_path():
     env = {k: v for k, v in os.environ.items() if k != "PYCOMM_CUDA_AWARE"}
 
     def check_build(**extra):
-        out = subprocess.run([sys.executable, "-m", "pycomm.launcher", "--check-build", "-np", "2"],
+        out = subprocess.run([sys.executable, "-m", "pycomm.tools.launcher", "--check-build", "-np", "2"],
                              capture_output=True, text=True, timeout=300, env=dict(env, **extra))
         assert out.returncode == 0, out.stderr
         return [ln for ln in out.stdout.splitlines() if ln.startswith("device path")]

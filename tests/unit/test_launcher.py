@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from pycomm.launcher import build_command
+from pycomm.tools.launcher import build_command
 
 
 def test_openmpi_root_oversubscribed():
@@ -31,21 +31,21 @@ def test_mpich_needs_neither_flag():
 
 
 def test_dry_run_prints_and_does_not_run():
-    out = subprocess.run([sys.executable, "-m", "pycomm.launcher", "-np", "3", "--dry-run", "--", "python", "nope.py"],
+    out = subprocess.run([sys.executable, "-m", "pycomm.tools.launcher", "-np", "3", "--dry-run", "--", "python", "nope.py"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0
     assert "pycomm-run:" in out.stderr and "-np 3" in out.stderr and "nope.py" in out.stderr
 
 
 def test_missing_command_is_an_error():
-    out = subprocess.run([sys.executable, "-m", "pycomm.launcher", "-np", "2"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "pycomm.tools.launcher", "-np", "2"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode != 0 and "no command given" in out.stderr
 
 
 # ---------------------------------------------------------------- several hosts, exports, --check-build
 
-from pycomm.launcher import parse_hostfile, parse_hosts, ranks_per_host  # noqa: E402
+from pycomm.tools.launcher import parse_hostfile, parse_hosts, ranks_per_host  # noqa: E402
 
 
 def test_parse_hosts_and_errors():
@@ -127,7 +127,7 @@ def test_export_of_an_unset_variable_is_an_error():
 
 
 def test_cli_hosts_dry_run_and_slot_error():
-    run = [sys.executable, "-m", "pycomm.launcher"]
+    run = [sys.executable, "-m", "pycomm.tools.launcher"]
     out = subprocess.run(run + ["-np", "4", "-H", "a:2,b:2", "--dry-run", "python", "x.py"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0 and "a:2,b:2" in out.stderr
@@ -137,7 +137,7 @@ def test_cli_hosts_dry_run_and_slot_error():
 
 
 def test_check_build_reports_the_build():
-    out = subprocess.run([sys.executable, "-m", "pycomm.launcher", "--check-build", "-np", "4", "-H", "a:2,b:2"],
+    out = subprocess.run([sys.executable, "-m", "pycomm.tools.launcher", "--check-build", "-np", "4", "-H", "a:2,b:2"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     rows = dict(line.split(None, 1) for line in out.stdout.splitlines() if line.strip())

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from pycomm import testbed
-from pycomm.testbed import BedSpec
-from pycomm.testbed.cli import _drop_options as drop_options
+from pycomm.tools import testbed
+from pycomm.tools.testbed import BedSpec
+from pycomm.tools.testbed.cli import _drop_options as drop_options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -185,12 +185,12 @@ def test_not_root_is_refused_clearly(monkeypatch):
 
 def _cli(*args):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "pycomm.testbed", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pycomm.tools.testbed", *args], capture_output=True, text=True,
                           timeout=120, env=env, cwd=ROOT)
 
 
 def test_cli_dry_run_prints_the_launch_command():
-    from pycomm.launcher import find_launcher, mpi_flavour
+    from pycomm.tools.launcher import find_launcher, mpi_flavour
 
     out = _cli("run", "--dry-run", "--name", "tbdry", "-np", "4", "--", "python", "x.py")
     assert out.returncode == 0, out.stderr

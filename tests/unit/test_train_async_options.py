@@ -1,8 +1,8 @@
 """pycomm-train's options for asynchronous training and pycomm-run --servers (one process, no MPI job)."""
 import pytest
 
-from pycomm.launcher import parse_args as run_args
-from pycomm.train.cli import parse_args, parse_straggler
+from pycomm.tools.launcher import parse_args as run_args
+from pycomm.tools.train.cli import parse_args, parse_straggler
 
 
 def test_straggler_parses():
@@ -44,7 +44,7 @@ def test_run_servers_option(capsys):
     (["--algorithm", "asgd"], "pycomm-run --servers 1: a job of 1 rank(s) needs at least one worker"),
 ])
 def test_train_with_servers_refuses_clearly(monkeypatch, capsys, argv, msg):
-    from pycomm.train.__main__ import main
+    from pycomm.tools.train.__main__ import main
 
     monkeypatch.setenv("PYCOMM_PS_SERVERS", "1")
     assert main([*argv, "--dataset", "digits", "--epochs", "1", "--no-progress", "--no-bandwidth-table"]) == 2

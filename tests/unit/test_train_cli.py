@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mpi_launch import run_under_mpi
-from pycomm.train.__main__ import main
+from pycomm.tools.train.__main__ import main
 
 FAST = ["--no-progress", "--no-bandwidth-table"]
 
@@ -39,7 +39,7 @@ def test_option_not_belonging_to_algorithm(capsys):
 
 
 def test_backup_sgd_is_listed_and_refuses_what_it_cannot_serve(capsys):
-    from pycomm.train.cli import build_parser
+    from pycomm.tools.train.cli import build_parser
 
     text = build_parser().format_help()
     assert "backup_sgd" in text and "--backup-workers" in text
@@ -102,13 +102,13 @@ def test_npz_trains_and_batch_larger_than_shard(capsys, tmp_path):
 
 
 def test_error_on_every_rank_exits_without_hanging(tmp_path):
-    rc, out = run_under_mpi(2, ["-m", "pycomm.train", "--batch-size", "1000", *FAST], timeout=120)
+    rc, out = run_under_mpi(2, ["-m", "pycomm.tools.train", "--batch-size", "1000", *FAST], timeout=120)
     assert rc != 0 and rc != -9, out
     assert out.count("--batch-size 1000 is larger than a rank's shard (719 samples") == 1, out
 
 
 def run_train(tmp, *extra):
-    args = ["-m", "pycomm.train", "--algorithm", "bmuf", "--optimizer", "adam", "--sync-period", "4",
+    args = ["-m", "pycomm.tools.train", "--algorithm", "bmuf", "--optimizer", "adam", "--sync-period", "4",
             "--warmup-steps", "3", "--epochs", "3", "--batch-size", "64", *FAST, *extra]
     return run_under_mpi(2, args, timeout=240)
 
@@ -181,7 +181,7 @@ def test_resume_with_other_options_is_refused(capsys, tmp_path, blobs):
 
 def _checkpointed_run(tmp_path):
     ck = str(tmp_path / "ck")
-    rc, out = run_under_mpi(2, ["-m", "pycomm.train", "--epochs", "1", "--batch-size", "64", "--checkpoint-dir", ck,
+    rc, out = run_under_mpi(2, ["-m", "pycomm.tools.train", "--epochs", "1", "--batch-size", "64", "--checkpoint-dir", ck,
                                 *FAST], timeout=240)
     assert rc == 0, out
     step = open(os.path.join(ck, "latest")).read().strip()
@@ -192,7 +192,7 @@ def test_checkpoint_missing_or_corrupt_on_one_rank_ends_the_job(tmp_path):
     # Only rank 1's file is damaged: every rank must stop, naming rank 1, its file and the cause.
     ck, rank1 = _checkpointed_run(tmp_path)
     good = open(rank1, "rb").read()
-    resume = ["-m", "pycomm.train", "--epochs", "2", "--batch-size", "64", "--checkpoint-dir", ck, "--resume", *FAST]
+    resume = ["-m", "pycomm.tools.train", "--epochs", "2", "--batch-size", "64", "--checkpoint-dir", ck, "--resume", *FAST]
     with open(rank1, "wb") as f:
         f.write(good[: len(good) // 2])  # truncated, as by a full disk
     rc, out = run_under_mpi(2, resume, timeout=120)
@@ -219,7 +219,7 @@ def test_checkpoint_with_a_pickled_callable_is_refused(tmp_path):
     import torch
 
     import pycomm
-    from pycomm.train import checkpoint
+    from pycomm.tools.train import checkpoint
 
     pycomm.init()
     ck, marker = tmp_path / "ck", tmp_path / "code-ran"
@@ -314,7 +314,7 @@ def test_onebit_adam_sends_less_than_adam_after_warmup():
     """2 ranks: onebit_adam's bytes = warm-up steps at float32 + compressed steps at about 1/32 of that."""
     sent = {}
     for opt in ("adam", "onebit_adam"):
-        rc, out = run_under_mpi(2, ["-m", "pycomm.train", "--optimizer", opt, "--dataset", "synthetic", "--epochs", "2",
+        rc, out = run_under_mpi(2, ["-m", "pycomm.tools.train", "--optimizer", opt, "--dataset", "synthetic", "--epochs", "2",
                                     "--batch-size", "64", *FAST], timeout=240)
         assert rc == 0, out
         sent[opt] = summary_of(out)
@@ -329,7 +329,7 @@ def test_onebit_adam_sends_less_than_adam_after_warmup():
 
 
 def run_mp(tmp, *extra):
-    args = ["-m", "pycomm.train", "--optimizer", "lamb", "--precision", "fp16", "--epochs", "2", "--batch-size",
+    args = ["-m", "pycomm.tools.train", "--optimizer", "lamb", "--precision", "fp16", "--epochs", "2", "--batch-size",
             "64", *FAST, *extra]
     return run_under_mpi(2, args, timeout=240)
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from pycomm import training
-from pycomm.train.__main__ import main
-from pycomm.train.cli import build_parser
-from pycomm.train.loop import CHANCE_FRACTION, chance_warning
-from pycomm.train.optimizers import DEFAULT_LR, server_lr
+from pycomm.tools.train.__main__ import main
+from pycomm.tools.train.cli import build_parser
+from pycomm.tools.train.loop import CHANCE_FRACTION, chance_warning
+from pycomm.tools.train.optimizers import DEFAULT_LR, server_lr
 
 FAST = ["--no-progress", "--no-bandwidth-table"]
 PS = ["asgd", "ssp", "dcasgd", "adadelay", "hybrid"]
@@ -130,7 +130,7 @@ def test_help_names_every_kind_of_algorithm_and_dataset():
 def test_digits_without_scikit_learn_names_the_extra(monkeypatch):
     import importlib.util
 
-    from pycomm.train.data import DataError, load_dataset
+    from pycomm.tools.train.data import DataError, load_dataset
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a))
@@ -159,7 +159,7 @@ def test_adaptive_optimizers_with_onebit_compression_are_refused_at_start(capsys
 def test_sgd_with_onebit_compression_defaults_to_plain_sgd():
     import torch
 
-    from pycomm.train.optimizers import ONEBIT_SGD_DEFAULTS, build_optimizer, default_lr, default_momentum
+    from pycomm.tools.train.optimizers import ONEBIT_SGD_DEFAULTS, build_optimizer, default_lr, default_momentum
 
     params = [torch.nn.Parameter(torch.zeros(3))]
     opt = build_optimizer("sgd", params, compression="onebit")
@@ -178,7 +178,7 @@ def test_sgd_with_onebit_compression_defaults_to_plain_sgd():
 def test_lars_in_pycomm_train_adapts_every_tensor():
     import torch
 
-    from pycomm.train.optimizers import build_optimizer
+    from pycomm.tools.train.optimizers import build_optimizer
 
     w, b = torch.nn.Parameter(torch.ones(2, 2)), torch.nn.Parameter(torch.ones(2))
     opt = build_optimizer("lars", [w, b])

@@ -2,7 +2,7 @@
 import json
 
 from pycomm.runtime import Topology
-from pycomm.tune import available_algorithms, crossover_table, load_table, table_path
+from pycomm.tools.tune import available_algorithms, crossover_table, load_table, table_path
 
 
 def topo(**kw):

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 import pycomm
 
-from .. import training
+from ... import training
 from . import bandwidth, checkpoint
 from .cli import UsageError
 from .data import DataError, check_batch, epoch_shard, every_sample_shard, load_dataset, steps_per_epoch
@@ -113,7 +113,7 @@ def train(args) -> Dict[str, Any]:
     slow_factor = straggler[1] if straggler is not None and straggler[0] == rank else 1.0
     eval_every = getattr(args, "eval_every", 0)
     # Dedicated parameter-server ranks (the last K) train nothing: the data is the workers'.
-    from ..ps import servers_from_env
+    from ...ps import servers_from_env
 
     dedicated = servers_from_env()
     if dedicated:
@@ -156,7 +156,7 @@ def train(args) -> Dict[str, Any]:
     if args.algorithm in training.server_sgd():
         pushers = workers
         if args.algorithm == "hybrid":  # one pusher per synchronous group
-            from ..runtime import topology
+            from ...runtime import topology
 
             pushers = world // (args.algorithm_config.get("group_size") or topology().local_size)
         if lr is None:

@@ -14,10 +14,10 @@ from typing import Any, Dict
 
 import torch
 
-from ..training.base import Algorithm, trainable_parameters
-from ..training.ssgd import SSGDConfig
-from ..optim import MixedPrecision
-from ..optimizer import ring_bytes_sent
+from ...training.base import Algorithm, trainable_parameters
+from ...training.ssgd import SSGDConfig
+from ...optim import MixedPrecision
+from ...optimizer import ring_bytes_sent
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 

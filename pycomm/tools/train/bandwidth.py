@@ -16,7 +16,7 @@ from typing import List
 import torch
 
 import pycomm
-from pycomm.benchmark import bandwidth, median_time
+from pycomm.tools.benchmark import bandwidth, median_time
 
 DEFAULT_SIZES = (4 << 10, 256 << 10, 4 << 20)
 

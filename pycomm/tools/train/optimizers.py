@@ -101,7 +101,7 @@ def build_optimizer(name: str, params: Iterable[torch.Tensor], lr: Optional[floa
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
     if name in ("lars", "lamb", "onebit_adam", "onebit_lamb"):
-        from .. import optim  # pycomm.optim: imported on use, the core stays independent of it
+        from ... import optim  # pycomm.optim: imported on use, the core stays independent of it
 
         if name == "lars":
             m = DEFAULT_MOMENTUM["lars"] if momentum is None else momentum

@@ -14,8 +14,8 @@ import sys
 import typing
 from typing import Dict, List, Optional, Sequence
 
-from .. import training
-from ..training.bmuf import MOMENT_SYNC
+from ... import training
+from ...training.bmuf import MOMENT_SYNC
 from .models import MODELS
 from .optimizers import ADAPTIVE, DEFAULT_LR, DEFAULT_MOMENTUM, ONEBIT_SGD_DEFAULTS, OPTIMIZERS, SELF_REDUCING
 

@@ -27,7 +27,7 @@ def relaunch(shape: str, link_gbps: float, argv: Optional[Sequence[str]] = None,
     For benchmarks with a ``--testbed 2x2 --link-gbps 1`` option::
 
         if args.testbed and not os.environ.get("PYCOMM_TESTBED"):
-            sys.exit(pycomm.testbed.relaunch(args.testbed, args.link_gbps))
+            sys.exit(pycomm.tools.testbed.relaunch(args.testbed, args.link_gbps))
 
     The options named in `drop` (with their values) are removed from the relaunched command line;
     ``--link-gbps`` stays so that the program inside can put the rate into its model. The bed is
