@@ -45,6 +45,24 @@ struct Buffer {
   char* bytes_at(size_t element) const { return static_cast<char*>(data) + element * kernels::dtype_size(dtype); }
 };
 
+// Where an uncompressed average over N ranks divides. fp16/bf16 divide every input before
+// the sum: N values near the top of the fp16 range overflow before a later division could
+// rescue them. Every other dtype divides the reduced sum once (a correctly rounded quotient,
+// integers included, as Horovod's Average). A factor of 1 means "no pass".
+struct AverageRule {
+  double before = 1.0;  // applied to each rank's input
+  double after = 1.0;   // applied to the reduced result
+
+  static AverageRule of(bool average, DType dtype, int ranks) {
+    AverageRule r;
+    if (!average || ranks <= 1) return r;
+    const double inv_n = 1.0 / static_cast<double>(ranks);
+    if (dtype == DType::F16 || dtype == DType::BF16) r.before = inv_n;
+    else r.after = inv_n;
+    return r;
+  }
+};
+
 // The communicators of one job, created by the Python runtime with mpi4py and
 // handed over as Fortran handles. `world` is a private duplicate of
 // MPI_COMM_WORLD, so user traffic on COMM_WORLD never matches ours.

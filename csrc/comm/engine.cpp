@@ -554,11 +554,10 @@ void Engine::run_device_allreduce(const AllreduceArgs& a) {
   gpu.wait_lane(0);  // a fused batch's pack (lane 0) has written the buffer MPI is about to read
   if (out.data != a.input.data && a.input.count) gpu.copy(out.data, a.input.data, a.input.bytes());
   if (out.count == 0 || topo_.size == 1) return;
-  const bool half = out.dtype == DType::F16 || out.dtype == DType::BF16;
-  const double inv_n = 1.0 / static_cast<double>(topo_.size);
-  if (a.average && half) gpu.scale(out.data, out.count, out.dtype, inv_n);
+  const AverageRule avg = AverageRule::of(a.average, out.dtype, topo_.size);
+  if (avg.before != 1.0) gpu.scale(out.data, out.count, out.dtype, avg.before);
   entry.device(out, a.op, allreduce_run(&gpu));
-  if (a.average && !half) gpu.scale(out.data, out.count, out.dtype, inv_n);
+  if (avg.after != 1.0) gpu.scale(out.data, out.count, out.dtype, avg.after);
 }
 
 // Device memory with an MPI that cannot touch it (or any memory, when forced
@@ -584,15 +583,12 @@ void Engine::run_host_allreduce(const AllreduceArgs& a) {
   // Check what the topology allows before any data moves (same verdict on every rank).
   const AllreduceAlgorithm& entry = checked_algorithm(resolve(a.algorithm, out.bytes(), active_));
 
-  // Averages of fp16/bf16 are pre-divided: a sum of N values near the top of
-  // the fp16 range overflows before the division could rescue it.
-  const bool half = out.dtype == DType::F16 || out.dtype == DType::BF16;
-  const double inv_n = 1.0 / static_cast<double>(topo_.size);
-  if (a.average && half) kernels::scale_cpu(out.data, out.count, out.dtype, inv_n);
+  const AverageRule avg = AverageRule::of(a.average, out.dtype, topo_.size);
+  if (avg.before != 1.0) kernels::scale_cpu(out.data, out.count, out.dtype, avg.before);
 
   timeline::Phase phase(timeline::on() ? entry.phase : nullptr);
   entry.host(out, a.op, allreduce_run(nullptr));
-  if (a.average && !half) kernels::scale_cpu(out.data, out.count, out.dtype, inv_n);
+  if (avg.after != 1.0) kernels::scale_cpu(out.data, out.count, out.dtype, avg.after);
 }
 
 void Engine::run_fused(const std::vector<Op*>& ops) {
@@ -610,7 +606,6 @@ void Engine::run_fused(const std::vector<Op*>& ops) {
     total += op->allreduce.input.count;
   }
   const size_t bytes = total * kernels::dtype_size(dtype);
-  const bool half = dtype == DType::F16 || dtype == DType::BF16;
   const Algorithm algo = resolve(head.algorithm, bytes, active_);
   // Refused shapes fall through to run_allreduce, which names the reason.
   const WindowFusion window = allreduce_refusal(algo, job_shape()).empty() ? allreduce_algorithm(algo).fusion
@@ -622,9 +617,9 @@ void Engine::run_fused(const std::vector<Op*>& ops) {
     t.counts = counts;
     t.dtype = dtype;
     t.world_size = topo_.size;
-    const double scale = head.average && !half ? 1.0 / static_cast<double>(topo_.size) : 1.0;
+    const AverageRule avg = AverageRule::of(head.average, dtype, topo_.size);
     timeline::Phase phase("SHM_FUSED_ALLREDUCE");
-    windowed_fused_allreduce(t, head.op, head.average && half, scale, shm(),
+    windowed_fused_allreduce(t, head.op, avg.before != 1.0, avg.after, shm(),
                              window == WindowFusion::CROSS ? topo_.cross : MPI_COMM_NULL,
                              active_.ring_chunk_bytes, active_.shm_chunk_bytes);
     return;
@@ -643,15 +638,12 @@ void Engine::run_fused(const std::vector<Op*>& ops) {
 }
 
 AllreduceArgs Engine::fused_args(const AllreduceArgs& head, void* flat, size_t total, double* unpack_scale) const {
-  const bool half = head.input.dtype == DType::F16 || head.input.dtype == DType::BF16;
   AllreduceArgs fused = head;
   fused.input.data = fused.output.data = flat;
   fused.input.count = fused.output.count = total;
-  *unpack_scale = 1.0;
-  if (head.average && !half) {
-    fused.average = false;
-    *unpack_scale = 1.0 / static_cast<double>(topo_.size);
-  }
+  // A division after the sum moves into the unpack; a division before it stays with the allreduce.
+  *unpack_scale = AverageRule::of(head.average, head.input.dtype, topo_.size).after;
+  if (*unpack_scale != 1.0) fused.average = false;
   return fused;
 }
 

@@ -46,20 +46,18 @@ WorkPtr Engine::reduce_scatter(const ReduceScatterArgs& args, std::shared_ptr<vo
     const Buffer& in = args.input;
     const size_t esize = kernels::dtype_size(in.dtype);
     const bool device = in.device != Device::CPU;
-    const bool half = in.dtype == DType::F16 || in.dtype == DType::BF16;
-    const double inv_n = 1.0 / static_cast<double>(topo_.size);
-    // Host views: device data and pre-divided fp16/bf16 averages (a sum of N
-    // large fp16 values overflows before a later division) use a host copy.
+    const AverageRule avg = AverageRule::of(args.average, in.dtype, topo_.size);
+    // Host views: device data and inputs divided before the sum use a host copy.
     std::vector<char> host_in, host_out;
     Buffer hin = in;
     void* hout = args.output.data;
-    if (device || (args.average && half)) {
+    if (device || avg.before != 1.0) {
       host_in.resize(in.bytes());
       if (device) copy_to_host(mover_for(in), host_in.data(), in.data, in.bytes());
       else if (in.count) std::memcpy(host_in.data(), in.data, in.bytes());
       hin.data = host_in.data();
       hin.device = Device::CPU;
-      if (args.average && half) kernels::scale_cpu(hin.data, hin.count, hin.dtype, inv_n);
+      if (avg.before != 1.0) kernels::scale_cpu(hin.data, hin.count, hin.dtype, avg.before);
     }
     if (device) {
       host_out.resize(args.output.bytes());
@@ -69,7 +67,7 @@ WorkPtr Engine::reduce_scatter(const ReduceScatterArgs& args, std::shared_ptr<vo
     if (algo == Algorithm::AUTO) algo = in.bytes() < active_.auto_ring_min_bytes ? Algorithm::MPI : Algorithm::RING;
     if (algo == Algorithm::MPI && topo_.size > 1) MpiReduceScatter(topo_.world).run(hin, hout, args.segments, args.op);
     else RingReduceScatter(topo_.world, active_.ring_chunk_bytes).run(hin, hout, args.segments, args.op);
-    if (args.average && !half) kernels::scale_cpu(hout, args.output.count, args.output.dtype, inv_n);
+    if (avg.after != 1.0) kernels::scale_cpu(hout, args.output.count, args.output.dtype, avg.after);
     if (device) copy_to_device(mover_for(args.output), args.output.data, hout, args.output.count * esize);
   }, blocking);
 }
