@@ -1,5 +1,7 @@
 // The collective algorithms. Each runs synchronously on the calling thread
-// (the engine's worker) over one communicator, in place on host memory.
+// (the engine's worker) over one communicator. Host memory unless a function
+// takes a MemoryMover, which then holds the device buffer (CUDA-aware MPI).
+// Which allreduce runs for a call is decided in allreduce_catalogue.cpp.
 #pragma once
 #include <mpi.h>
 
