@@ -1,4 +1,4 @@
-// The torch <-> pycomm boundary. Only the files in csrc/bindings/ include
+// The torch <-> pycomm boundary. Only csrc/bindings/ and the c10d backend (csrc/c10d/) include
 // torch headers: they check tensors, hand raw pointers down and release the
 // GIL around every call into the engine or a kernel.
 #pragma once
@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "../comm/common.h"
+#include "../comm/compressed_allreduce.h"
 #include "../comm/device_event.h"
+#include "../comm/engine.h"
 
 namespace pycomm {
 namespace comm {
@@ -52,9 +54,78 @@ inline void order_current_stream(const comm::EventPtr& done) {
   if (done) done->order_stream(current_stream(done->device()));
 }
 
+// wait() on a handle first runs the queued allreduces of engine `group` behind it at once
+// (-1: none to flush), so the last partial batch of a step is not held back a fusion cycle.
+void flush_before_waiting(const comm::Work& work, int64_t group);
+
+// What Python holds for an asynchronous collective, compressed or not. The
+// tensors stay alive in the Work's keepalive until the engine is done with
+// them, even if the handle is dropped unwaited.
+class Handle {
+ public:
+  // `group`: the engine that runs the work (0: the world), flushed by wait(); -1: none.
+  Handle(comm::WorkPtr work, at::Tensor result, int64_t group = -1)
+      : work_(std::move(work)), result_(std::move(result)), group_(group) {}
+  // A compressed allreduce: its byte counts, filled by the engine.
+  Handle(comm::WorkPtr work, at::Tensor result, std::shared_ptr<comm::CompressedStats> stats)
+      : work_(std::move(work)), result_(std::move(result)), stats_(std::move(stats)) {}
+
+  // allgather: the output is allocated on the engine thread once the row
+  // counts are known; wait() gives it its final shape.
+  struct Gathered {
+    at::Tensor flat;
+    int64_t rows = 0;
+    std::vector<int64_t> row_shape;
+  };
+  std::shared_ptr<Gathered> gathered;
+
+  // Stream order (device_event.h): once the engine has finished the operation, the caller's current
+  // stream waits for pycomm's device work; the host does not wait for the device.
+  at::Tensor wait() {
+    flush_before_waiting(*work_, group_);
+    {
+      pybind11::gil_scoped_release release;
+      work_->wait();
+      order_current_stream(work_->done_event());
+    }
+    return result();
+  }
+  // wait(), then block the host until pycomm's device work has finished.
+  at::Tensor synchronize() {
+    {
+      pybind11::gil_scoped_release release;
+      work_->wait();
+      if (comm::EventPtr done = work_->done_event()) done->synchronize();
+    }
+    return result();
+  }
+  at::Tensor result() {
+    if (gathered) {
+      std::vector<int64_t> shape{gathered->rows};
+      shape.insert(shape.end(), gathered->row_shape.begin(), gathered->row_shape.end());
+      result_ = gathered->flat.view(shape);
+      gathered.reset();
+    }
+    return result_;
+  }
+  bool done() const { return work_->done(); }
+  std::string description() const { return work_->description(); }
+  const comm::CompressedStats& compressed_stats() const {
+    if (!stats_) throw pybind11::value_error("byte counts belong to compressed allreduces; this is " + description());
+    if (!work_->done()) throw pybind11::value_error("the compressed allreduce has not finished; call wait() first");
+    return *stats_;
+  }
+
+ private:
+  comm::WorkPtr work_;
+  at::Tensor result_;
+  int64_t group_ = -1;
+  std::shared_ptr<comm::CompressedStats> stats_;
+};
+
 void register_comm(pybind11::module_& m);
 void register_comm_ops(pybind11::module_& m);  // comm.cpp: reduce_scatter, alltoall, process groups
-void register_c10d(pybind11::module_& m);      // c10d/python.cpp: the torch.distributed backend
+void register_c10d(pybind11::module_& m);      // c10d/python.cpp: the torch.distributed backend (module.cpp)
 void register_compression(pybind11::module_& m);
 void register_kernels(pybind11::module_& m);
 void register_optim(pybind11::module_& m);

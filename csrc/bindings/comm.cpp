@@ -133,6 +133,8 @@ std::function<at::Tensor(int64_t)> output_allocator(const at::TensorOptions& opt
   return [options](int64_t numel) { return at::empty({numel}, options); };
 }
 
+}  // namespace
+
 // The caller waits for `work`, so allreduces queued behind it are not held back for a fusion cycle
 // (as the c10d backend's wait() does): the last partial batch of a step runs at once.
 void flush_before_waiting(const comm::Work& work, int64_t group) {
@@ -142,64 +144,6 @@ void flush_before_waiting(const comm::Work& work, int64_t group) {
   } catch (const comm::CommError&) {  // the engine is gone: wait() reports the operation's own error
   }
 }
-
-// What Python holds for an asynchronous collective. The tensors stay alive in
-// the Work's keepalive until the engine is done with them, even if the handle
-// is dropped unwaited.
-class Handle {
- public:
-  // `group`: the engine that runs the work (0: the world), flushed by wait(); -1: none.
-  Handle(comm::WorkPtr work, at::Tensor result, int64_t group = -1)
-      : work_(std::move(work)), result_(std::move(result)), group_(group) {}
-
-  // allgather: the output is allocated on the engine thread once the row
-  // counts are known; wait() gives it its final shape.
-  struct Gathered {
-    at::Tensor flat;
-    int64_t rows = 0;
-    std::vector<int64_t> row_shape;
-  };
-  std::shared_ptr<Gathered> gathered;
-
-  // Stream order (device_event.h): once the engine has finished the operation, the caller's current
-  // stream waits for pycomm's device work; the host does not wait for the device.
-  at::Tensor wait() {
-    flush_before_waiting(*work_, group_);
-    {
-      py::gil_scoped_release release;
-      work_->wait();
-      order_current_stream(work_->done_event());
-    }
-    return result();
-  }
-  // wait(), then block the host until pycomm's device work has finished.
-  at::Tensor synchronize() {
-    {
-      py::gil_scoped_release release;
-      work_->wait();
-      if (comm::EventPtr done = work_->done_event()) done->synchronize();
-    }
-    return result();
-  }
-  at::Tensor result() {
-    if (gathered) {
-      std::vector<int64_t> shape{gathered->rows};
-      shape.insert(shape.end(), gathered->row_shape.begin(), gathered->row_shape.end());
-      result_ = gathered->flat.view(shape);
-      gathered.reset();
-    }
-    return result_;
-  }
-  bool done() const { return work_->done(); }
-  std::string description() const { return work_->description(); }
-
- private:
-  comm::WorkPtr work_;
-  at::Tensor result_;
-  int64_t group_ = -1;
-};
-
-}  // namespace
 
 // pycomm's lanes use a CUDA tensor after the engine has finished issuing work on it (the host does
 // not wait for the last copies): recorded on both lanes, torch's caching allocator does not hand
@@ -517,7 +461,6 @@ comm::Topology topology_from(int64_t world, int64_t local, int64_t cross, int ra
 }  // namespace
 
 void register_comm_ops(py::module_& m) {
-  register_c10d(m);
   m.def("reduce_scatter_async", &reduce_scatter_async, py::arg("input"), py::arg("output"), py::arg("rows"),
         py::arg("op"), py::arg("average"), py::arg("algorithm") = "auto", py::arg("name") = "",
         py::arg("blocking") = false, py::arg("group") = 0);
@@ -563,9 +506,15 @@ void register_comm(py::module_& m) {
       .def("synchronize", &Handle::synchronize,
            "wait(), then block the host until pycomm's device work on the result has finished.")
       .def("done", &Handle::done, "True once the collective has finished (successfully or not).")
+      .def_property_readonly("wire_bytes", [](const Handle& h) { return h.compressed_stats().wire_bytes; },
+                             "A compressed allreduce, after wait(): the bytes this rank sent to other ranks.")
+      .def_property_readonly("fp32_ring_bytes", [](const Handle& h) { return h.compressed_stats().fp32_ring_bytes; },
+                             "A compressed allreduce, after wait(): the bytes an uncompressed float32 ring "
+                             "allreduce of the same tensor would have sent.")
       .def("__repr__", [](const Handle& h) {
         return "<pycomm.Handle " + h.description() + (h.done() ? " done>" : " pending>");
       });
+  m.attr("CompressedHandle") = m.attr("Handle");  // the name compressed allreduces had before they shared Handle
 
   py::class_<GroupHandle, std::shared_ptr<GroupHandle>>(m, "GroupHandle",
                                                          "The allreduces of a grouped_allreduce in flight.")

@@ -19,45 +19,6 @@ comm::Compression parse_compression(const std::string& c) {
   throw py::value_error("unknown compression '" + c + "'; the engine runs fp16, bf16 and onebit");
 }
 
-// A compressed allreduce in flight. Like pycomm.Handle (stream order, device_event.h), and after
-// wait() it also tells how many bytes this rank sent.
-class CompressedHandle {
- public:
-  CompressedHandle(comm::WorkPtr work, at::Tensor result, std::shared_ptr<comm::CompressedStats> stats)
-      : work_(std::move(work)), result_(std::move(result)), stats_(std::move(stats)) {}
-
-  // Once the engine has finished, the caller's current stream waits for pycomm's device work (an
-  // event); the host does not wait for the device.
-  at::Tensor wait() {
-    {
-      py::gil_scoped_release release;
-      work_->wait();
-      order_current_stream(work_->done_event());
-    }
-    return result_;
-  }
-  // wait(), then block the host until pycomm's device work has finished.
-  at::Tensor synchronize() {
-    {
-      py::gil_scoped_release release;
-      work_->wait();
-      if (comm::EventPtr done = work_->done_event()) done->synchronize();
-    }
-    return result_;
-  }
-  bool done() const { return work_->done(); }
-  std::string description() const { return work_->description(); }
-  const comm::CompressedStats& stats() const {
-    if (!work_->done()) throw py::value_error("the compressed allreduce has not finished; call wait() first");
-    return *stats_;
-  }
-
- private:
-  comm::WorkPtr work_;
-  at::Tensor result_;
-  std::shared_ptr<comm::CompressedStats> stats_;
-};
-
 comm::Buffer float_buffer(const at::Tensor& t, const char* what) {
   if (t.scalar_type() != at::kFloat)
     throw py::type_error(std::string(what) + ": expected a float32 tensor, got " +
@@ -65,7 +26,7 @@ comm::Buffer float_buffer(const at::Tensor& t, const char* what) {
   return to_buffer(t, what);  // host or CUDA memory; the engine checks that all of them share one device
 }
 
-std::shared_ptr<CompressedHandle> compressed_allreduce_async(const at::Tensor& input, const at::Tensor& output,
+std::shared_ptr<Handle> compressed_allreduce_async(const at::Tensor& input, const at::Tensor& output,
                                                              const std::string& compression, bool average,
                                                              const std::optional<at::Tensor>& worker_residual,
                                                              const std::optional<at::Tensor>& server_residual,
@@ -109,29 +70,12 @@ std::shared_ptr<CompressedHandle> compressed_allreduce_async(const at::Tensor& i
     py::gil_scoped_release release;  // a blocking call may run the collective right here
     work = engine().compressed_allreduce(a, keepalive, blocking);
   }
-  return std::make_shared<CompressedHandle>(work, output, stats);
+  return std::make_shared<Handle>(work, output, stats);
 }
 
 }  // namespace
 
 void register_compression(py::module_& m) {
-  py::class_<CompressedHandle, std::shared_ptr<CompressedHandle>>(
-      m, "CompressedHandle", "A compressed allreduce in flight; after wait() it reports the bytes this rank sent.")
-      .def("wait", &CompressedHandle::wait,
-           "Wait until the engine has finished (GIL released) and return the result tensor. For CUDA tensors the "
-           "caller's current stream is then ordered after pycomm's device work (an event), without blocking the "
-           "host on the device.")
-      .def("synchronize", &CompressedHandle::synchronize,
-           "wait(), then block the host until pycomm's device work on the result has finished.")
-      .def("done", &CompressedHandle::done)
-      .def_property_readonly("wire_bytes", [](const CompressedHandle& h) { return h.stats().wire_bytes; },
-                             "Bytes this rank sent to other ranks.")
-      .def_property_readonly("fp32_ring_bytes", [](const CompressedHandle& h) { return h.stats().fp32_ring_bytes; },
-                             "Bytes an uncompressed float32 ring allreduce of the same tensor would have sent.")
-      .def("__repr__", [](const CompressedHandle& h) {
-        return "<pycomm.CompressedHandle " + h.description() + (h.done() ? " done>" : " pending>");
-      });
-
   m.def("compressed_allreduce_async", &compressed_allreduce_async, py::arg("input"), py::arg("output"),
         py::arg("compression"), py::arg("average"), py::arg("worker_residual") = py::none(),
         py::arg("server_residual") = py::none(), py::arg("mask") = py::none(), py::arg("name") = "",
