@@ -20,10 +20,16 @@ namespace bindings {
 
 // torch dtype -> kernels::DType (the table in kernels/dtype.h); false for a dtype pycomm does not move.
 bool scalar_to_dtype(at::ScalarType st, kernels::DType* out);
+// The tensor checks, one rule for every face; each face raises its own exception type (pybind11's
+// here, torch's in the c10d backend). Why `t`'s dtype cannot move ("" when it can, *out set):
+std::string dtype_problem(const at::Tensor& t, const char* what, kernels::DType* out);
+// Why `t` cannot go to the engine as one buffer ("" when it can, *out describes it): a dense,
+// contiguous tensor of a supported dtype on the host or (CUDA builds) a CUDA device.
+// *dtype_fault: the problem is the dtype (a TypeError), not the layout or the memory (ValueError).
+std::string tensor_problem(const at::Tensor& t, const char* what, comm::Buffer* out, bool* dtype_fault);
 // torch dtype -> kernels::DType; throws TypeError naming `what` for others.
 kernels::DType to_dtype(const at::Tensor& t, const char* what);
-
-// Describe a tensor's memory for the engine. Requires a contiguous tensor.
+// Describe a tensor's memory for the engine (tensor_problem's rule; TypeError or ValueError).
 comm::Buffer to_buffer(const at::Tensor& t, const char* what);
 
 // The running engine (comm.cpp); throws CommError before pycomm.init().

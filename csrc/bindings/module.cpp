@@ -13,30 +13,52 @@ bool scalar_to_dtype(at::ScalarType st, kernels::DType* out) {
   }
 }
 
+std::string dtype_problem(const at::Tensor& t, const char* what, kernels::DType* out) {
+  if (scalar_to_dtype(t.scalar_type(), out)) return "";
+  return std::string(what) + " does not support dtype " + std::string(c10::toString(t.scalar_type())) +
+         "; supported: " + kernels::dtype_list();
+}
+
+std::string tensor_problem(const at::Tensor& t, const char* what, comm::Buffer* out, bool* dtype_fault) {
+  *dtype_fault = false;
+  if (t.layout() != at::kStrided)
+    return std::string(what) + " supports dense tensors only, got layout " + c10::str(t.layout());
+  if (!t.is_contiguous()) return std::string(what) + ": tensor is not contiguous; call .contiguous() first";
+  std::string why = dtype_problem(t, what, &out->dtype);
+  if (!why.empty()) {
+    *dtype_fault = true;
+    return why;
+  }
+  out->data = t.data_ptr();
+  out->count = static_cast<size_t>(t.numel());
+  if (t.is_cuda()) {
+#ifndef PYCOMM_WITH_CUDA
+    return std::string(what) + ": tensor is on " + t.device().str() + " but this pycomm was built without CUDA";
+#endif
+    out->device = comm::Device::CUDA;
+    out->device_index = t.get_device();
+  } else if (t.is_cpu()) {
+    out->device = comm::Device::CPU;
+  } else {
+    return std::string(what) + ": tensors on " + t.device().str() + " are not supported";
+  }
+  return "";
+}
+
 kernels::DType to_dtype(const at::Tensor& t, const char* what) {
   kernels::DType d;
-  if (!scalar_to_dtype(t.scalar_type(), &d))
-    throw pybind11::type_error(std::string(what) + ": unsupported dtype " + std::string(c10::toString(t.scalar_type())) +
-                               "; pycomm handles " + kernels::dtype_list());
+  const std::string why = dtype_problem(t, what, &d);
+  if (!why.empty()) throw pybind11::type_error(why);
   return d;
 }
 
 comm::Buffer to_buffer(const at::Tensor& t, const char* what) {
-  if (!t.is_contiguous())
-    throw pybind11::value_error(std::string(what) + ": tensor is not contiguous; call .contiguous() first");
   comm::Buffer b;
-  b.data = t.data_ptr();
-  b.count = static_cast<size_t>(t.numel());
-  b.dtype = to_dtype(t, what);
-  if (t.is_cuda()) {
-    b.device = comm::Device::CUDA;
-    b.device_index = t.get_device();
-  } else if (t.is_cpu()) {
-    b.device = comm::Device::CPU;
-  } else {
-    throw pybind11::value_error(std::string(what) + ": tensors on " + t.device().str() + " are not supported");
-  }
-  return b;
+  bool dtype_fault = false;
+  const std::string why = tensor_problem(t, what, &b, &dtype_fault);
+  if (why.empty()) return b;
+  if (dtype_fault) throw pybind11::type_error(why);
+  throw pybind11::value_error(why);
 }
 
 }  // namespace bindings

@@ -26,33 +26,21 @@ using FutureRef = c10::intrusive_ptr<c10::ivalue::Future>;
 
 // ---------------------------------------------------------------- checks
 
+// bindings::tensor_problem's rule, raised as torch's TypeError / ValueError (c10::Error).
 comm::DType dtype_of(const at::Tensor& t, const char* op) {
   comm::DType d;
-  TORCH_CHECK_TYPE(bindings::scalar_to_dtype(t.scalar_type(), &d), "pycomm backend: ", op,
-                   " does not support dtype ", t.scalar_type(), "; supported: ", kernels::dtype_list());
+  const std::string why = bindings::dtype_problem(t, op, &d);
+  TORCH_CHECK_TYPE(why.empty(), "pycomm backend: ", why);
   return d;
 }
 
 // Describe a tensor for the engine after checking it.
 comm::Buffer buffer_of(const at::Tensor& t, const char* op) {
-  TORCH_CHECK_VALUE(t.layout() == at::kStrided, "pycomm backend: ", op, " supports dense tensors only, got layout ",
-                    t.layout());
-  TORCH_CHECK_VALUE(t.is_contiguous(), "pycomm backend: ", op, " needs contiguous tensors (strides ", t.strides(),
-                    "); pass tensor.contiguous()");
   comm::Buffer b;
-  b.dtype = dtype_of(t, op);
-  b.data = t.data_ptr();
-  b.count = static_cast<size_t>(t.numel());
-  if (t.is_cuda()) {
-#ifndef PYCOMM_WITH_CUDA
-    TORCH_CHECK_VALUE(false, "pycomm backend: ", op, ": tensor is on ", t.device(),
-                      " but this pycomm was built without CUDA");
-#endif
-    b.device = comm::Device::CUDA;
-    b.device_index = t.get_device();
-  } else {
-    TORCH_CHECK_VALUE(t.is_cpu(), "pycomm backend: ", op, ": tensors on ", t.device(), " are not supported");
-  }
+  bool dtype_fault = false;
+  const std::string why = bindings::tensor_problem(t, op, &b, &dtype_fault);
+  TORCH_CHECK_TYPE(!dtype_fault, "pycomm backend: ", why);
+  TORCH_CHECK_VALUE(why.empty(), "pycomm backend: ", why);
   return b;
 }
 
