@@ -68,6 +68,24 @@ def test_training_survives_a_killed_rank(tmp_path, kill_rank):
 
 @needs_ulfm
 @pytest.mark.mpi
+@pytest.mark.parametrize("second_step", ["recovery", "later"])
+def test_two_deaths_leave_two_ranks_with_one_model(tmp_path, second_step):
+    # Rank 1 dies; rank 3 dies inside the recovery that follows (its reset callback), or some steps later.
+    kill_step = random.Random().randint(3, 10)
+    second = "recovery" if second_step == "recovery" else str(kill_step + random.Random().randint(2, 8))
+    rc, out = run_elastic(4, [os.path.join(HERE, "elastic", "train_and_kill.py")],
+                          env={"KILL_RANK": "1", "KILL_STEP": str(kill_step), "STEPS": "30",
+                               "KILL_FILE": str(tmp_path / "killed_at"), "SECOND_RANK": "3", "SECOND_STEP": second})
+    print(f"rank 1 killed at step {kill_step}, rank 3 at {second}\n{out}")
+    finals = {int(m.group(1)): (int(m.group(2)), int(m.group(3)), m.group(4))
+              for m in re.finditer(r"rank (\d+) final-size (\d+) step (\d+) sha (\w+)", out)}
+    assert sorted(finals) == [0, 2], out
+    assert {f[:2] for f in finals.values()} == {(2, 30)}, out
+    assert len({f[2] for f in finals.values()}) == 1, f"survivors' models differ:\n{out}"
+
+
+@needs_ulfm
+@pytest.mark.mpi
 def test_survivors_fail_within_two_seconds_naming_the_dead_rank(tmp_path):
     kill_file = tmp_path / "killed_at"
     script = tmp_path / "detect.py"

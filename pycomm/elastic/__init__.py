@@ -25,7 +25,7 @@ from typing import Callable, List, Optional
 
 from .. import runtime
 from ..runtime import RanksFailedError
-from .recovery import Recovery, is_rank_failure, shrink_and_restart
+from .recovery import Recovery, agree, is_rank_failure, shrink_and_restart
 from .sampler import ElasticSampler
 from .state import State, TorchState
 
@@ -47,39 +47,39 @@ def run(state: State, min_size: int = 1) -> Callable:
             if not runtime._state.elastic:
                 raise runtime.CommError("pycomm.elastic.run: elastic mode is off; call pycomm.init(elastic=True) "
                                         "(or set PYCOMM_ELASTIC=1) and launch with pycomm-run --elastic")
-            synced = False
+            after_failure = None  # what the last recovery followed (its message)
             while True:
+                ok, result = True, None
                 try:
-                    if not synced:
-                        state.sync()
-                        synced = True
-                    return fn(state, *args, **kwargs)
+                    if after_failure is not None:
+                        state.restore()
+                    state.sync()
+                    if after_failure is not None:
+                        state.on_reset()
+                    result = fn(state, *args, **kwargs)
                 except Exception as error:
                     if not is_rank_failure(error):
                         raise
-                    failure = error
-                while True:  # a death during the recovery: recover again
-                    try:
-                        recovery = shrink_and_restart()
-                        if recovery.size_after < min_size:
-                            raise runtime.CommError(
-                                f"pycomm.elastic: {recovery.size_after} rank(s) left after losing ranks "
-                                f"{list(recovery.lost)}; the job needs at least {min_size}")
-                        state.restore()
-                        state.sync()
-                        state.on_reset()
-                        break
-                    except Exception as error:
-                        if not is_rank_failure(error):
-                            raise
+                    ok, after_failure = False, str(error)
+                # A rank may finish while another sees a death in the same last collective: the
+                # agreement makes every survivor either return or recover, together.
+                if agree(runtime.world_comm(), ok):
+                    return result
+                if ok:  # this rank saw no failure, another did
+                    after_failure = "another rank saw ranks fail"
+                recovery = shrink_and_restart()
                 recoveries.append(recovery)
                 if runtime.rank() == 0:
-                    sys.stderr.write(f"pycomm.elastic: {failure}\npycomm.elastic: recovered on {recovery.size_after} "
-                                     f"rank(s) in {recovery.seconds:.3f} s (lost world ranks {list(recovery.lost)})\n")
+                    sys.stderr.write(f"pycomm.elastic: {after_failure}\npycomm.elastic: recovered on "
+                                     f"{recovery.size_after} rank(s) in {recovery.seconds:.3f} s (lost world ranks "
+                                     f"{list(recovery.lost)})\n")
                     sys.stderr.flush()
+                if recovery.size_after < min_size:
+                    raise runtime.CommError(f"pycomm.elastic: {recovery.size_after} rank(s) left after losing ranks "
+                                            f"{list(recovery.lost)}; the job needs at least {min_size}")
         return wrapper
     return decorate
 
 
-__all__ = ["ElasticSampler", "RanksFailedError", "Recovery", "State", "TorchState", "is_rank_failure", "recoveries",
+__all__ = ["ElasticSampler", "RanksFailedError", "Recovery", "State", "TorchState", "agree", "is_rank_failure", "recoveries",
            "run", "shrink_and_restart"]

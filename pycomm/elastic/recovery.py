@@ -29,6 +29,18 @@ def is_rank_failure(error: BaseException) -> bool:
     return False
 
 
+def agree(comm, ok: bool) -> bool:
+    """Whether every rank of `comm` passed ok=True and none has died: MPI's fault-tolerant agreement
+    (MPIX_Comm_agree), which gives every survivor the same answer, also on a revoked communicator."""
+    MPI = runtime.mpi()
+    try:
+        return bool(comm.Agree(1 if ok else 0))
+    except MPI.Exception as error:  # a failed member: reported to every survivor alike
+        if is_rank_failure(error):
+            return False
+        raise
+
+
 def _revoke(comms) -> None:
     for c in comms:
         if c is not None and not c.Is_revoked():
@@ -76,16 +88,22 @@ def shrink_and_restart() -> Recovery:
     while True:
         shrunk = base.Shrink()
         shrunk.Set_errhandler(MPI.ERRORS_RETURN)
+        started = True
         try:
             runtime._start(shrunk, ranks_per_node, True)
             _C.set_options({**_C.get_options(), **options})
-            break
-        except Exception as error:  # a death during the restart: shrink what is left again
+        except Exception as error:  # a death during the restart
             if not is_rank_failure(error):
                 raise
-            _revoke((shrunk,))
-            _stop_engine()
-            base = shrunk
+            started = False
+        # MPI may report a death inside a collective to some ranks and not to others: the agreement
+        # gives every survivor the same answer, so all keep this world or all shrink it again.
+        if agree(shrunk, started):
+            break
+        _revoke((shrunk, st.world, st.control, st.local, st.cross))
+        _stop_engine()
+        st.world = st.local = st.cross = st.control = st.topology = None
+        base = shrunk
     world_group = runtime._state.world.Get_group()
     alive = set(MPI.Group.Translate_ranks(world_group, list(range(world_group.Get_size())), before))
     lost = tuple(r for r in range(size_before) if r not in alive)

@@ -4,7 +4,9 @@ Run by tests/test_elastic.py under `mpirun --with-ft ulfm`. Every survivor print
   rank R killed-at T           (the wall-clock time of the kill, from the victim, shared through a file)
   rank R step-after-kill T     (the first step that completes after the recovery)
   rank R final-size N sha SHA  (the world size at the end, and a hash of the model's bytes)
-Settings through the environment: KILL_RANK, KILL_STEP (-1: no kill), STEPS, KILL_FILE.
+Settings through the environment: KILL_RANK, KILL_STEP (-1: no kill), STEPS, KILL_FILE; and for a second
+death SECOND_RANK with SECOND_STEP (it dies before that step) or SECOND_STEP=recovery (it dies inside the
+first recovery, in its reset callback).
 """
 import hashlib
 import os
@@ -21,6 +23,8 @@ kill_rank = int(os.environ["KILL_RANK"])
 kill_step = int(os.environ["KILL_STEP"])
 steps = int(os.environ.get("STEPS", "40"))
 kill_file = os.environ["KILL_FILE"]
+second_rank = int(os.environ.get("SECOND_RANK", "-1"))
+second_step = os.environ.get("SECOND_STEP", "")
 world_rank = pycomm.rank()  # the rank in the original world (ranks are renumbered after a shrink)
 
 torch.manual_seed(1234)  # the same initial model everywhere; sync() makes it so anyway
@@ -34,6 +38,8 @@ after_kill = {"reported": False, "recovered": False}
 
 
 def on_reset():
+    if world_rank == second_rank and second_step == "recovery":
+        os.kill(os.getpid(), signal.SIGKILL)
     after_kill["recovered"] = True
 
 
@@ -48,6 +54,8 @@ def train(state):
         if state.step == kill_step and world_rank == kill_rank:
             with open(kill_file, "w") as f:
                 f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        if world_rank == second_rank and second_step.isdigit() and state.step == int(second_step):
             os.kill(os.getpid(), signal.SIGKILL)
         try:
             x, y = next(batches)
