@@ -1,11 +1,12 @@
 #include "fault.h"
 
+#if __has_include(<mpi-ext.h>)  // Open MPI's extensions (ULFM among them); MPICH has no such header
 #include <mpi-ext.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstring>
 #include <memory>
 #include <mutex>
 #include <sstream>
