@@ -37,6 +37,7 @@ from .optimizer import (
 )
 from .runtime import (
     CommError,
+    RanksFailedError,
     Topology,
     cross_comm,
     get_options,
@@ -62,7 +63,7 @@ __version__ = "0.1.0"
 cuda_built = bool(_C.cuda_built)
 
 __all__ = [
-    "CommError", "DistributedOptimizer", "Handle", "SUPPORTED_COMPRESSION", "broadcast_object",
+    "CommError", "RanksFailedError", "DistributedOptimizer", "Handle", "SUPPORTED_COMPRESSION", "broadcast_object",
     "broadcast_optimizer_state", "broadcast_parameters", "Topology", "allgather", "allgather_async", "allreduce", "allreduce_async",
     "barrier", "broadcast", "broadcast_async", "cross_comm", "cuda_built", "get_options", "init",
     "is_initialized", "local_comm", "local_rank", "local_size", "node_rank", "num_nodes", "rank",

@@ -43,7 +43,7 @@ import torch
 from . import collectives
 from . import compression as _compression
 from .join import join as _join
-from .runtime import rank, size, topology
+from .runtime import CommError, rank, size, topology
 from .timeline import profiled
 
 #: Compression names DistributedOptimizer accepts (pycomm.compression; a
@@ -450,6 +450,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._alias()
         if comp is not None:
             self.compressor.load_state_dict(comp)
+
+    def reset_after_failure(self) -> None:
+        """Forget the reductions of an iteration that a rank's death interrupted (pycomm.elastic): their
+        handles failed with RanksFailedError, and the job now has fewer ranks. The gradients of that
+        iteration are dropped; training goes on from restored state."""
+        if self.group is not None:
+            raise CommError("DistributedOptimizer over a process group cannot continue after ranks failed: "
+                            "the group's communicators were lost with them")
+        for b in self._buckets:
+            b.handle = None
+            b.ready = 0
+        self._sparse.clear()
+        for key in self._passes:
+            self._passes[key] = 0
+        self._next_to_start = 0
+        self._synchronized = False
+        self._group_size = size()
 
     def add_param_group(self, param_group: dict) -> None:
         if hasattr(self, "_optimizer"):

@@ -18,6 +18,7 @@ from typing import Optional
 from . import _C
 
 CommError = _C.CommError
+RanksFailedError = _C.RanksFailedError  # a CommError: ranks of the job died (elastic mode, docs/elastic.md)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class _State:
     cross = None
     control = None
     previous_excepthook = None
+    elastic = False  # MPI fault tolerance on pycomm's communicators (pycomm.elastic)
+    ranks_per_node = None  # as init() was given it, for a restart on a shrunk world
 
 
 _state = _State()
@@ -116,7 +119,8 @@ def _remove_abort_hook() -> None:
         _state.previous_excepthook = None
 
 
-def init(ranks_per_node: Optional[int] = None, abort_on_exception: bool = True) -> Topology:
+def init(ranks_per_node: Optional[int] = None, abort_on_exception: bool = True,
+         elastic: Optional[bool] = None) -> Topology:
     """Initialize MPI and start the engine. Idempotent; returns the topology.
 
     ranks_per_node: group ranks into virtual nodes of this many consecutive
@@ -126,8 +130,15 @@ def init(ranks_per_node: Optional[int] = None, abort_on_exception: bool = True) 
     and aborts the whole job (MPI_Abort), so the other ranks do not wait for
     it forever. With False, the failing rank leaves through ``shutdown()`` at
     exit and the others get a CommError naming it at their next collective.
+    elastic: survive the death of ranks (default: ``PYCOMM_ELASTIC``; docs/elastic.md). Needs MPI's
+    fault tolerance (Open MPI launched with ``--with-ft ulfm``: ``pycomm-run --elastic``); refused
+    with CommError on every rank otherwise. A death then raises ``RanksFailedError`` on every
+    survivor, and ``pycomm.elastic.run`` recovers on the survivors.
     """
     if _state.topology is not None:
+        if elastic is not None and bool(elastic) != _state.elastic:
+            raise CommError(f"pycomm.init(elastic={bool(elastic)}): pycomm is already initialized with elastic mode "
+                            f"{'on' if _state.elastic else 'off'}; call pycomm.shutdown() first")
         if abort_on_exception:
             _install_abort_hook()
         else:
@@ -143,8 +154,25 @@ def init(ranks_per_node: Optional[int] = None, abort_on_exception: bool = True) 
             "Import pycomm (or set mpi4py.rc.thread_level = 'multiple') before mpi4py.MPI is first imported, "
             "and use an MPI built with thread support."
         )
+    elastic = _env_bool("PYCOMM_ELASTIC", False) if elastic is None else bool(elastic)
+    if elastic:
+        why = _C.ulfm_unavailable()
+        if why:
+            version = MPI.Get_library_version().strip().splitlines()[0]
+            raise CommError(f"pycomm.init(elastic=True) on rank {MPI.COMM_WORLD.rank}: {why}. "
+                            f"This MPI: {version}. Without elastic mode, leave out elastic=True and PYCOMM_ELASTIC.")
+    topo = _start(MPI.COMM_WORLD, ranks_per_node, elastic)
+    atexit.register(shutdown)
+    if abort_on_exception:
+        _install_abort_hook()
+    return topo
 
-    world = MPI.COMM_WORLD.Dup()
+
+def _start(base, ranks_per_node: Optional[int], elastic: bool) -> Topology:
+    """Build pycomm's communicators over `base` (COMM_WORLD, or a world shrunk by pycomm.elastic) and
+    start the engine on them. Collective over `base`."""
+    MPI = mpi()
+    world = base.Dup()
     world.Set_name("pycomm.world")
     control = world.Dup()  # coordination messages only
     control.Set_name("pycomm.control")
@@ -167,6 +195,13 @@ def init(ranks_per_node: Optional[int] = None, abort_on_exception: bool = True) 
     local_sizes = world.allgather(local.size)
     cross = world.Split(color=local.rank, key=node_rank)
 
+    if elastic:
+        # Failures come back as error codes (the engine turns them into RanksFailedError), never abort.
+        for c in (world, control, local, cross):
+            c.Set_errhandler(MPI.ERRORS_RETURN)
+        _C.fault_enable(world.py2f())
+        for c in (control, local, cross):
+            _C.fault_watch(c.py2f())
     topo = Topology(
         rank=world.rank,
         size=world.size,
@@ -183,13 +218,11 @@ def init(ranks_per_node: Optional[int] = None, abort_on_exception: bool = True) 
         options_from_env(),
     )
     _state.world, _state.local, _state.cross, _state.control, _state.topology = world, local, cross, control, topo
+    _state.elastic, _state.ranks_per_node = elastic, ranks_per_node
     # Measured crossovers for algorithm="auto", if pycomm-tune stored some: rank
     # 0's table, broadcast, so every rank resolves "auto" identically.
     _C.set_options({"auto_table": agreed_tune_table(topo, world)})
     start_timeline_from_env(topo.rank)  # PYCOMM_TIMELINE
-    atexit.register(shutdown)
-    if abort_on_exception:
-        _install_abort_hook()
     return topo
 
 
@@ -240,8 +273,12 @@ def shutdown() -> None:
     _remove_abort_hook()
     _C.engine_stop()
     _C.timeline_stop()  # after the last operation (the shutdown round)
+    failed = _C.fault_failed()
+    _C.fault_disable()
     MPI = mpi()
-    if not MPI.Is_finalized():
+    # After a rank died the communicators are revoked and stay allocated: freeing one is collective in
+    # MPI and its dead member would never take part.
+    if not MPI.Is_finalized() and not failed:
         for c in (_state.control, _state.cross, _state.local, _state.world):
             c.Free()
     _state.world = _state.local = _state.cross = _state.control = _state.topology = None

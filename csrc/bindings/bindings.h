@@ -138,6 +138,7 @@ void register_optim(pybind11::module_& m);
 void register_ps(pybind11::module_& m);
 void register_join_timeline(pybind11::module_& m);  // join_timeline.cpp: pycomm.join, the timeline
 void register_backup(pybind11::module_& m);         // backup.cpp: backup-worker sessions (backup_sgd)
+void register_fault(pybind11::module_& m);          // fault.cpp: RanksFailedError, elastic mode (after register_comm)
 
 }  // namespace bindings
 }  // namespace pycomm

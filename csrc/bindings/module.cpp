@@ -74,6 +74,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pycomm::bindings::register_ps(m);
   pycomm::bindings::register_join_timeline(m);
   pycomm::bindings::register_backup(m);
+  pycomm::bindings::register_fault(m);
   // The dtypes the engine moves, in kernels/dtype.h's order (pycomm._ops.SUPPORTED_DTYPES reads this).
   pybind11::list names;
 #define PYCOMM_DTYPE_NAME(e, v, n, s, st) names.append(n);

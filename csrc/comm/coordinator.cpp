@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "engine.h"
+#include "fault.h"
 
 namespace pycomm {
 namespace comm {
@@ -139,6 +140,7 @@ std::string Signature::describe() const {
 }
 
 void Backoff::pause() {
+  fault::poll();  // elastic mode: a dead rank ends the wait (fault.h)
   ++polls_;
   if (polls_ < 64) return;  // spin: the answer usually comes within microseconds
   if (polls_ < 1024) {
@@ -157,6 +159,7 @@ Coordinator::Coordinator(MPI_Comm control) : comm_(control) {
 size_t Coordinator::agree(const std::vector<Signature>& proposal, const char* what, const StallOptions& stall,
                           bool full) {
   if (proposal.empty()) throw CommError("pycomm internal error: empty proposal");
+  fault::check();  // elastic mode: after a rank failed, every operation fails at once (fault.h)
   ++round_;
   join_ = JoinInfo{};
   resolution_ = Resolution{};

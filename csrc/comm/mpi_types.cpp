@@ -1,5 +1,7 @@
 #include "mpi_types.h"
 
+#include "fault.h"
+
 #include "../kernels/reduce.h"
 
 namespace pycomm {
@@ -129,6 +131,7 @@ MPI_Op mpi_op(DType dtype, ReduceOp op) {
 }
 
 void throw_mpi_error(int rc, const char* call, const char* file, int line) {
+  if (fault::enabled() && fault::is_failure(rc)) fault::raise(rc, call);  // elastic mode: a rank died (fault.h)
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) len = 0;

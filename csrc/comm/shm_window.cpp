@@ -1,5 +1,7 @@
 #include "shm_window.h"
 
+#include "fault.h"
+
 #include <algorithm>
 
 namespace pycomm {
@@ -64,7 +66,9 @@ void ShmWindow::release() {
   if (win_ == MPI_WIN_NULL) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) {
+  // After a rank failed (fault.h) the window is left allocated: freeing it is collective over a node
+  // that has lost a member.
+  if (!finalized && !fault::failed()) {
     settle();
     MPI_Win_unlock_all(win_);
     MPI_Win_free(&win_);

@@ -71,5 +71,6 @@ from .optimizer import DistributedOptimizer
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .sync_batch_norm import SyncBatchNorm
 from .extras import join, start_timeline, stop_timeline
+from . import elastic  # hvd.elastic.run, TorchState, ElasticSampler (pycomm.elastic)
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -45,6 +45,8 @@ class Algorithm:
 
     name = "base"
     Config: Any = None
+    # Whether pycomm-train --elastic runs it: it can go on after ranks died, from a state synced from one rank.
+    elastic_supported = False
 
     def __init__(self, model: torch.nn.Module, local_optimizer: torch.optim.Optimizer, config=None):
         topology()  # clear error before init
@@ -145,6 +147,13 @@ class Algorithm:
                 if isinstance(v, torch.Tensor) and v.is_floating_point() and v.shape == p.shape:
                     out.append(v)
         return out
+
+    def reset_after_failure(self) -> None:
+        """Ranks died and pycomm runs again on the survivors (pycomm.elastic): take the new world size and
+        forget the reductions the failure interrupted."""
+        self.world_size = size()
+        if hasattr(self.optimizer, "reset_after_failure"):
+            self.optimizer.reset_after_failure()
 
     # -- state ---------------------------------------------------------------
     def extra_state(self) -> Dict[str, Any]:

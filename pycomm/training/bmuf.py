@@ -69,6 +69,7 @@ class BMUFConfig:
 
 class BMUF(Algorithm):
     name = "bmuf"
+    elastic_supported = True
     Config = BMUFConfig
 
     def __init__(self, model, local_optimizer, config: BMUFConfig = None):

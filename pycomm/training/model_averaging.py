@@ -23,6 +23,7 @@ class ModelAveragingConfig:
 
 class ModelAveraging(Algorithm):
     name = "model_averaging"
+    elastic_supported = True
     Config = ModelAveragingConfig
 
     def __init__(self, model, local_optimizer, config: ModelAveragingConfig = None):

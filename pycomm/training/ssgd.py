@@ -35,6 +35,7 @@ class SSGDConfig:
 
 class SSGD(Algorithm):
     name = "ssgd"
+    elastic_supported = True
     Config = SSGDConfig
 
     def __init__(self, model, local_optimizer, config: SSGDConfig = None):

@@ -176,6 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--bandwidth-table", action=argparse.BooleanOptionalAction, default=True,
                    help="end with a short allreduce bandwidth table (default on)")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument("--elastic", action="store_true",
+                   help="survive the death of ranks (docs/elastic.md; launch with pycomm-run --elastic): every "
+                        "step is committed, and the survivors go on from the last commit; ssgd, model_averaging "
+                        "and bmuf")
+    o.add_argument("--kill-at-step", default=None, metavar="RANK:STEP",
+                   help="with --elastic: rank RANK kills itself (SIGKILL) before global step STEP, to try recovery")
     o.add_argument("--crash-at-step", type=int, default=None,
                    help="testing aid: every rank exits abruptly (status 75, no cleanup) after this global step, "
                         "as if the job had been killed")
@@ -283,6 +289,29 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         if args.checkpoint_every:
             p.error("--every-sample: ranks end an epoch after different numbers of steps; checkpoint per epoch "
                     "(leave out --checkpoint-every)")
+    if args.elastic:
+        if not getattr(training.get(args.algorithm), "elastic_supported", False):
+            kind = ("parameter-server algorithms cannot lose a server or re-split a worker's shard"
+                    if args.algorithm in training.server_sgd() else "it cannot go on after ranks died")
+            p.error(f"--elastic: --algorithm {args.algorithm} does not support elastic mode ({kind}); "
+                    "use ssgd, model_averaging or bmuf")
+        if args.optimizer in SELF_REDUCING or args.precision != "fp32":
+            p.error("--elastic runs fp32 training through DistributedOptimizer; leave out --precision and the "
+                    "self-reducing optimizers (onebit_adam, onebit_lamb)")
+        for flag_name, given in (("--checkpoint-dir", args.checkpoint_dir), ("--resume", args.resume),
+                                 ("--every-sample", args.every_sample), ("--straggler", args.straggler),
+                                 ("--crash-at-step", args.crash_at_step is not None),
+                                 ("--eval-every", args.eval_every)):
+            if given:
+                p.error(f"--elastic: {flag_name} is not supported in elastic mode (its state is commits in memory)")
+    if args.kill_at_step is not None:
+        if not args.elastic:
+            p.error("--kill-at-step needs --elastic (without it a killed rank ends the job)")
+        try:
+            kill_rank, kill_step = (int(v) for v in args.kill_at_step.split(":"))
+        except ValueError:
+            p.error(f"--kill-at-step {args.kill_at_step!r}: expected RANK:STEP, e.g. 2:15")
+        args.kill_at_step = (kill_rank, kill_step)
     try:
         args.straggler = parse_straggler(args.straggler)
     except ValueError as e:

@@ -99,6 +99,10 @@ def _run_identity(args) -> Dict[str, Any]:
 
 def train(args) -> Dict[str, Any]:
     """Run the training described by parsed `args`; returns the summary (on every rank)."""
+    if getattr(args, "elastic", False):
+        from .elastic_loop import train_elastic
+
+        return train_elastic(args)
     try:
         data = load_dataset(args.dataset)
         probe = build_model(args.model, data.input_shape, data.num_classes)

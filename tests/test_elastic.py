@@ -1,0 +1,257 @@
+"""Elastic mode (docs/elastic.md): a killed rank no longer ends the job.
+
+Each test launches a job under Open MPI with its fault tolerance on (`mpirun --with-ft ulfm`), where
+one rank kills itself with SIGKILL; the survivors must name it within 2 s, recover, and finish with
+identical models. Under MPICH (no ULFM in its pip build) the jobs cannot run and are skipped.
+"""
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mpi_launch import ROOT, run_under_mpi
+from pycomm.tools.launcher import ELASTIC_OPENMPI_ARGS, build_command, find_launcher, mpi_flavour
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LAUNCHER = find_launcher()
+needs_ulfm = pytest.mark.skipif(mpi_flavour(LAUNCHER) != "openmpi",
+                                reason="elastic mode needs Open MPI's fault tolerance (ULFM); this MPI is not Open MPI")
+
+
+def run_elastic(np, args, env=None, timeout=180):
+    """Launch `python args...` on `np` ranks as pycomm-run --elastic does; return (exit code, output).
+    A job that does not end by itself within `timeout` fails the test (a survivor hung)."""
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYCOMM_UNDER_MPIRUN="1", **(env or {}))
+    cmd = build_command(np, [sys.executable, *args], launcher=LAUNCHER, flavour=mpi_flavour(LAUNCHER), env=full_env,
+                        extra=list(ELASTIC_OPENMPI_ARGS))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the job did not end within {timeout} s (a survivor hung):\n{out[-12000:]}", pytrace=False)
+    return proc.returncode, out
+
+
+@needs_ulfm
+@pytest.mark.mpi
+@pytest.mark.parametrize("kill_rank", [0, 2])
+def test_training_survives_a_killed_rank(tmp_path, kill_rank):
+    # 4 ranks; rank `kill_rank` (0: the coordinator and the rank states are synced from) dies at a random step.
+    kill_step = random.Random().randint(3, 20)
+    steps = 30
+    kill_file = tmp_path / "killed_at"
+    rc, out = run_elastic(4, [os.path.join(HERE, "elastic", "train_and_kill.py")],
+                          env={"KILL_RANK": str(kill_rank), "KILL_STEP": str(kill_step), "STEPS": str(steps),
+                               "KILL_FILE": str(kill_file)})
+    print(f"kill rank {kill_rank} at step {kill_step}\n{out}")
+    survivors = [r for r in range(4) if r != kill_rank]
+    finals = {int(m.group(1)): (int(m.group(2)), int(m.group(3)), m.group(4))
+              for m in re.finditer(r"rank (\d+) final-size (\d+) step (\d+) sha (\w+)", out)}
+    assert sorted(finals) == survivors, out
+    assert {f[0] for f in finals.values()} == {3}, out  # finished on 3 ranks
+    assert {f[1] for f in finals.values()} == {steps}, out
+    assert len({f[2] for f in finals.values()}) == 1, f"survivors' models differ:\n{out}"
+    killed_at = float(kill_file.read_text())
+    after = [float(m.group(2)) for m in re.finditer(r"rank (\d+) step-after-kill (\S+)", out)]
+    assert len(after) == 3, out
+    took = max(after) - killed_at
+    print(f"time from the kill of rank {kill_rank} to the next completed step on every survivor: {took:.3f} s")
+    assert took < 5, out
+
+
+@needs_ulfm
+@pytest.mark.mpi
+@pytest.mark.parametrize("second_step", ["recovery", "later"])
+def test_two_deaths_leave_two_ranks_with_one_model(tmp_path, second_step):
+    # Rank 1 dies; rank 3 dies inside the recovery that follows (its reset callback), or some steps later.
+    kill_step = random.Random().randint(3, 10)
+    second = "recovery" if second_step == "recovery" else str(kill_step + random.Random().randint(2, 8))
+    rc, out = run_elastic(4, [os.path.join(HERE, "elastic", "train_and_kill.py")],
+                          env={"KILL_RANK": "1", "KILL_STEP": str(kill_step), "STEPS": "30",
+                               "KILL_FILE": str(tmp_path / "killed_at"), "SECOND_RANK": "3", "SECOND_STEP": second})
+    print(f"rank 1 killed at step {kill_step}, rank 3 at {second}\n{out}")
+    finals = {int(m.group(1)): (int(m.group(2)), int(m.group(3)), m.group(4))
+              for m in re.finditer(r"rank (\d+) final-size (\d+) step (\d+) sha (\w+)", out)}
+    assert sorted(finals) == [0, 2], out
+    assert {f[:2] for f in finals.values()} == {(2, 30)}, out
+    assert len({f[2] for f in finals.values()}) == 1, f"survivors' models differ:\n{out}"
+
+
+@needs_ulfm
+@pytest.mark.mpi
+def test_survivors_fail_within_two_seconds_naming_the_dead_rank(tmp_path):
+    kill_file = tmp_path / "killed_at"
+    script = tmp_path / "detect.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, time, torch, pycomm
+        pycomm.init(elastic=True)
+        pycomm.barrier()
+        if pycomm.rank() == 2:
+            open({str(kill_file)!r}, "w").write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        pending = [pycomm.allreduce_async(torch.ones(1000), name=f"t{{i}}") for i in range(4)]
+        for i, h in enumerate(pending):
+            try:
+                h.wait()
+            except pycomm.RanksFailedError as e:
+                print(f"rank {{pycomm.rank()}} pending {{i}} failed at {{time.time()!r}} ranks {{e.ranks}}: {{e}}", flush=True)
+        for kind in ("allreduce", "broadcast"):
+            try:
+                pycomm.allreduce(torch.ones(10)) if kind == "allreduce" else pycomm.broadcast(torch.ones(10), root=0)
+                print(f"rank {{pycomm.rank()}} next {{kind}} succeeded", flush=True)
+            except pycomm.RanksFailedError as e:
+                print(f"rank {{pycomm.rank()}} next {{kind}} failed at {{time.time()!r}} ranks {{e.ranks}}", flush=True)
+    """))
+    rc, out = run_elastic(3, [str(script)])
+    print(out)
+    killed_at = float(kill_file.read_text())
+    for r in (0, 1):
+        # Each pending operation either completed before the death or failed, naming rank 2.
+        failed = re.findall(rf"rank {r} (?:pending \d|next \w+) failed at (\S+) ranks \((\d+),\)", out)
+        assert len(failed) >= 2, out  # at least the next allreduce and broadcast
+        assert {rank for _, rank in failed} == {"2"}, out
+        worst = max(float(t) for t, _ in failed) - killed_at
+        print(f"rank {r}: last failure reported {worst:.3f} s after the kill")
+        assert worst < 2, out
+        assert f"rank {r} next allreduce succeeded" not in out, out
+    assert "RanksFailedError" in out or "has failed" in out, out
+
+
+@pytest.mark.mpi
+def test_elastic_mode_is_refused_without_fault_tolerance(tmp_path):
+    # A plain launch: Open MPI without --with-ft ulfm (or MPICH) has no fault tolerance on.
+    script = tmp_path / "refuse.py"
+    script.write_text(textwrap.dedent("""
+        import pycomm
+        try:
+            pycomm.init(elastic=True)
+            print(f"rank {pycomm.rank()} started", flush=True)
+        except pycomm.CommError as e:
+            from mpi4py import MPI
+            print(f"rank {MPI.COMM_WORLD.rank} refused: {e}", flush=True)
+    """))
+    rc, out = run_under_mpi(2, [str(script)], timeout=90)
+    assert rc == 0, out
+    for r in (0, 1):
+        line = next((l for l in out.splitlines() if l.startswith(f"rank {r} refused: ")), None)
+        assert line is not None, out
+        assert f"pycomm.init(elastic=True) on rank {r}: " in line, line
+        assert ("fault tolerance is off" in line and "--with-ft ulfm" in line) or "no fault-tolerance extension" in line, line
+    assert "started" not in out, out
+
+
+def _train_summary(out):
+    import json
+    lines = [l for l in out.splitlines() if l.startswith("{") and '"algorithm"' in l]
+    assert len(lines) == 1, out
+    return json.loads(lines[0])
+
+
+@needs_ulfm
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ["ssgd", "bmuf"])
+def test_pycomm_train_elastic_finishes_on_the_survivors(algorithm):
+    # pycomm-train --elastic: a rank dies at a random step; the job ends on 3 ranks with one model,
+    # as accurate as a 3-rank run from the start (within 1 point).
+    victim, step = random.Random().choice([0, 1, 3]), random.Random().randint(5, 60)
+    common = ["-m", "pycomm.tools.train", "--elastic", "--algorithm", algorithm, "--epochs", "5", "--no-progress",
+              "--no-bandwidth-table"] + (["--sync-period", "10"] if algorithm == "bmuf" else [])
+    rc, out = run_elastic(4, common + ["--kill-at-step", f"{victim}:{step}"], timeout=300)
+    print(f"rank {victim} killed at step {step}\n{out}")
+    summary = _train_summary(out)
+    assert summary["world_size"] == 3 and summary["models_identical"], summary
+    assert [r["lost_ranks"] for r in summary["recoveries"]] == [[victim]], summary
+    killed_at = float(re.search(r"kills itself at step \d+ \(--kill-at-step\) at (\S+)", out).group(1))
+    after = [float(t) for t in re.findall(r"first step after recovery at (\S+)", out)]
+    assert len(after) == 3, out
+    took = max(after) - killed_at
+    print(f"pycomm-train --algorithm {algorithm}: from the kill of rank {victim} to the next step on every "
+          f"survivor: {took:.3f} s; recovery {summary['recoveries'][0]['seconds']} s")
+    assert took < 5, out
+    rc3, out3 = run_elastic(3, common, timeout=300)
+    reference = _train_summary(out3)
+    print(f"accuracy: interrupted {summary['final_test_accuracy']:.2f}%, "
+          f"3 ranks throughout {reference['final_test_accuracy']:.2f}%")
+    assert abs(summary["final_test_accuracy"] - reference["final_test_accuracy"]) <= 1.0, (summary, reference)  # percent
+
+
+@pytest.mark.parametrize("algorithm,why", [("asgd", "parameter-server algorithms cannot lose a server"),
+                                            ("easgd", "it cannot go on after ranks died")])
+def test_pycomm_train_refuses_elastic_for_algorithms_that_cannot_shrink(algorithm, why, capsys):
+    from pycomm.tools.train.cli import parse_args
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--elastic", "--algorithm", algorithm])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--elastic: --algorithm {algorithm} does not support elastic mode ({why}" in err, err
+    assert "use ssgd, model_averaging or bmuf" in err, err
+
+
+@needs_ulfm
+@pytest.mark.mpi
+def test_a_horovod_elastic_script_runs_with_only_the_import_changed():
+    rc, out = run_elastic(4, [os.path.join(HERE, "elastic", "horovod_elastic.py")],
+                          env={"KILL_RANK": "2", "KILL_BATCH": str(random.Random().randint(0, 8)),
+                               "PYCOMM_ELASTIC": "1"})  # as pycomm-run --elastic sets it: hvd.init() reads it
+    print(out)
+    finals = re.findall(r"rank (\d+) final-size (\d+) sha (\w+) lr (\S+)", out)
+    assert sorted(int(r) for r, _, _, _ in finals) == [0, 1, 3], out
+    assert {(size, lr) for _, size, _, lr in finals} == {("3", "0.03")}, out  # the reset callback ran
+    assert len({sha for _, _, sha, _ in finals}) == 1, out
+
+
+@needs_ulfm
+@pytest.mark.mpi
+def test_a_death_in_a_job_with_a_process_group(tmp_path):
+    # The group's operation in flight fails too; after the recovery the world goes on and the old
+    # group, built on the lost world, refuses work with a clear error.
+    script = tmp_path / "group.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, torch, pycomm, pycomm.elastic as elastic
+        pycomm.init(elastic=True)
+        start_rank = pycomm.rank()
+        group = pycomm.new_group([0, 1, 2])
+        model = torch.nn.Linear(4, 2)
+        state = elastic.TorchState(model, None, step=0)
+
+        @elastic.run(state)
+        def train(state):
+            while state.step < 20:
+                if start_rank in (0, 1, 2) and not elastic.recoveries:  # the group is lost with the world
+                    if start_rank == 2 and state.step == 6:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    t = torch.ones(3)
+                    pycomm.allreduce(t, op="sum", group=group)
+                    assert t.tolist() == [3.0] * 3
+                with torch.no_grad():
+                    for p in model.parameters():
+                        pycomm.allreduce(p, op="avg")
+                        p.add_(1.0 / (state.step + 1))
+                state.step += 1
+                state.commit()
+
+        train()
+        if group.is_member:
+            try:
+                pycomm.allreduce(torch.ones(3), group=group)
+                print(f"rank {start_rank} old group still runs", flush=True)
+            except pycomm.CommError as e:
+                print(f"rank {start_rank} old group refused: {e}", flush=True)
+        w = model.weight.detach().clone()
+        pycomm.broadcast(w, root=0)
+        print(f"rank {start_rank} done size {pycomm.size()} same {torch.equal(w, model.weight)}", flush=True)
+    """))
+    rc, out = run_elastic(4, [str(script)])
+    print(out)
+    for r in (0, 1, 3):
+        assert f"rank {r} done size 3 same True" in out, out
+        if r in (0, 1):
+            assert re.search(rf"rank {r} old group refused: .*process group \d+ is not running", out), out
