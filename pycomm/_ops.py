@@ -107,12 +107,13 @@ def check_allreduce(tensor: torch.Tensor, op: str, algorithm: str, out: Optional
 
 def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
                     out: Optional[torch.Tensor] = None, name: Optional[str] = None, blocking: bool = False,
-                    gid: int = 0):
-    """The uncompressed allreduce: checks, then the engine (gid: a pycomm.groups id, 0 for all ranks)."""
+                    gid: int = 0, stacklevel: int = 4):
+    """The uncompressed allreduce: checks, then the engine (gid: a pycomm.groups id, 0 for all ranks).
+    stacklevel: the unnamed-handle warning's, naming the user's line."""
     out = check_allreduce(tensor, op, algorithm, out, name)
     handle = _C.allreduce_async(tensor, out, *ENGINE_OP[op], algorithm, name or "", blocking, gid)
     if not blocking and not name:
-        note_unnamed(handle)
+        note_unnamed(handle, stacklevel)
     return handle
 
 

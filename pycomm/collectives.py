@@ -60,6 +60,12 @@ def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "aut
         if not _blocking and not name:
             _ops.note_unnamed(handle, stacklevel=3)
         return handle
+    return _checked_allreduce_async(tensor, op, algorithm, out, name, _blocking, compression, group)
+
+
+def _checked_allreduce_async(tensor, op, algorithm, out, name, blocking, compression, group) -> Handle:
+    """Every call the fast path above does not take: the full checks, their messages, compression
+    and groups. Entered once per call (allreduce() comes here straight from its own fast test)."""
     topology()
     gid = group_id(group, "allreduce")
     if not (isinstance(compression, str) and compression == "none"):
@@ -71,17 +77,17 @@ def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "aut
             if algorithm != "auto":
                 raise ValueError(f"pycomm.allreduce: algorithm={algorithm!r} applies to compression='none'; "
                                  f"compression={compressor.name!r} runs its own scheme (leave algorithm='auto')")
-            handle = compressor.allreduce_async(tensor, op=op, name=name, out=out, _blocking=_blocking)
-            if not _blocking and not name:
-                _ops.note_unnamed(handle, stacklevel=3)
+            handle = compressor.allreduce_async(tensor, op=op, name=name, out=out, _blocking=blocking)
+            if not blocking and not name:
+                _ops.note_unnamed(handle, stacklevel=4)
             return handle
-    return _ops.allreduce_async(tensor, op=op, algorithm=algorithm, out=out, name=name, blocking=_blocking, gid=gid)
+    return _ops.allreduce_async(tensor, op=op, algorithm=algorithm, out=out, name=name, blocking=blocking, gid=gid,
+                                stacklevel=5)
 
 
 @profiled("pycomm.allreduce")
 def _allreduce(tensor, op, algorithm, out, name, compression, group):
-    return allreduce_async(tensor, op=op, algorithm=algorithm, out=out, name=name, _blocking=True,
-                           compression=compression, group=group).wait()
+    return _checked_allreduce_async(tensor, op, algorithm, out, name, True, compression, group).wait()
 
 
 def allreduce(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
