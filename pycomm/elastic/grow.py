@@ -10,6 +10,7 @@ spawned to join (runtime.JOIN_ENV, runtime._join) and takes the other side of th
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from typing import Dict, Optional, Sequence
@@ -34,14 +35,42 @@ def job_command() -> list:
     return [sys.executable, *sys.orig_argv[1:]]
 
 
+# Not forwarded to spawned processes: the launcher's own per-process variables (Open MPI, PMIx, PRRTE,
+# MPICH/hydra), which name this process's place in its own launch, and torch's rendezvous variables, which
+# pycomm.distributed sets on each rank from MPI (pycomm.distributed.backend.bootstrap_env).
+NOT_FORWARDED_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "PRRTE_", "OPAL_", "HYDRA_", "PMI_", "MPI_LOCAL")
+NOT_FORWARDED = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                 "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE"}
+
+
+def forwarded_environment(env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The variables of `env` (default os.environ: rank 0's, which spawns) that the new processes get, so
+    that they run as the job's ranks do (the launcher gives spawned processes its own environment, without
+    what ``mpirun -x`` exported to the ranks)."""
+    env = os.environ if env is None else env
+    return {k: v for k, v in env.items()
+            if not k.startswith(NOT_FORWARDED_PREFIXES) and k not in NOT_FORWARDED and "\n" not in v and "\n" not in k}
+
+
 def spawn_info(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     """The MPI_Info of the spawn: the new processes may share cores with the job (map_by :OVERSUBSCRIBE:
-    without it Open MPI refuses a spawn on a host whose slots are all taken), start in this working
-    directory, and are told to join (runtime.JOIN_ENV) in elastic mode. `extra` keys override."""
-    info = {"map_by": ":OVERSUBSCRIBE", "wdir": os.getcwd(),
-            "PMIX_ENVAR": f"{runtime.JOIN_ENV}=1\nPYCOMM_ELASTIC=1"}
+    without it Open MPI refuses a spawn on a host whose slots are all taken) and start in this working
+    directory. `extra` keys override."""
+    info = {"map_by": ":OVERSUBSCRIBE", "wdir": os.getcwd()}
     info.update(extra or {})
     return info
+
+
+def spawn_command(command: Sequence[str]) -> list:
+    """What MPI_Comm_spawn runs: `command` under env(1) with this process's environment
+    (forwarded_environment) and the variables that make it join in elastic mode (runtime.JOIN_ENV). The
+    environment goes on the command line: MPI_Info values are too short for it (MPI_MAX_INFO_VAL)."""
+    env_program = shutil.which("env")
+    if env_program is None:
+        raise CommError("pycomm.elastic.grow: no env program on PATH to start the new processes with the job's "
+                        "environment")
+    env = {**forwarded_environment(), runtime.JOIN_ENV: "1", "PYCOMM_ELASTIC": "1"}
+    return [env_program, *(f"{k}={v}" for k, v in env.items()), *command]
 
 
 def spawn_and_restart(k: int, command: Optional[Sequence[str]] = None,
@@ -81,7 +110,8 @@ def spawn_and_restart(k: int, command: Optional[Sequence[str]] = None,
     for key, value in spawn_info(info).items():
         mpi_info.Set(key, value)
     try:
-        inter = st.world.Spawn(command[0], command[1:], maxprocs=k, info=mpi_info, root=0)
+        full = spawn_command(command)
+        inter = st.world.Spawn(full[0], full[1:], maxprocs=k, info=mpi_info, root=0)
     except Exception:
         # No process joined: pycomm goes on with the ranks it had (a new engine on the old world; a rank's
         # death here fails that restart too, and its error follows this one), and the error propagates.
