@@ -42,6 +42,7 @@ class _State:
     previous_excepthook = None
     elastic = False  # MPI fault tolerance on pycomm's communicators (pycomm.elastic)
     ranks_per_node = None  # as init() was given it, for a restart on a shrunk world
+    joined = False  # this process was started by pycomm.elastic.grow and joined a running job
 
 
 _state = _State()
@@ -161,10 +162,43 @@ def init(ranks_per_node: Optional[int] = None, abort_on_exception: bool = True,
             version = MPI.Get_library_version().strip().splitlines()[0]
             raise CommError(f"pycomm.init(elastic=True) on rank {MPI.COMM_WORLD.rank}: {why}. "
                             f"This MPI: {version}. Without elastic mode, leave out elastic=True and PYCOMM_ELASTIC.")
-    topo = _start(MPI.COMM_WORLD, ranks_per_node, elastic)
+    parent = MPI.Comm.Get_parent() if os.environ.pop(JOIN_ENV, "") == "1" else MPI.COMM_NULL
+    if parent != MPI.COMM_NULL:
+        if not elastic:
+            raise CommError("pycomm.init: this process was started by pycomm.elastic.grow to join a running job; "
+                            "it must call pycomm.init(elastic=True) (or leave PYCOMM_ELASTIC=1 set)")
+        topo = _join(parent)
+    else:
+        topo = _start(MPI.COMM_WORLD, ranks_per_node, elastic)
     atexit.register(shutdown)
     if abort_on_exception:
         _install_abort_hook()
+    return topo
+
+
+# Set by pycomm.elastic.grow in the environment of the processes it spawns: they join the running job.
+JOIN_ENV = "PYCOMM_ELASTIC_JOIN"
+
+
+def merged_world(inter, high: bool):
+    """The intracommunicator of both sides of `inter` (old ranks first: they merge with high=False),
+    with MPI's errors returned (elastic mode). `inter` is freed. Collective over both sides."""
+    MPI = mpi()
+    merged = inter.Merge(high=high)
+    merged.Set_errhandler(MPI.ERRORS_RETURN)
+    inter.Free()
+    return merged
+
+
+def _join(parent) -> Topology:
+    """A process spawned by pycomm.elastic.grow: merge with the running job (after its ranks) and start
+    pycomm on the merged world with the job's ranks_per_node and engine options (sent by its rank 0).
+    The other side is pycomm.elastic.grow."""
+    merged = merged_world(parent, high=True)
+    config = merged.bcast(None, root=0)
+    topo = _start(merged, config["ranks_per_node"], True)
+    _C.set_options({**_C.get_options(), **config["options"]})
+    _state.joined = True
     return topo
 
 

@@ -255,3 +255,60 @@ def test_a_death_in_a_job_with_a_process_group(tmp_path):
         assert f"rank {r} done size 3 same True" in out, out
         if r in (0, 1):
             assert re.search(rf"rank {r} old group refused: .*process group \d+ is not running", out), out
+
+
+@needs_ulfm
+@pytest.mark.mpi
+def test_a_killed_rank_is_replaced_and_the_job_returns_to_max_np(tmp_path):
+    # --min-np 3 --max-np 4: rank 1 or 2 dies at a random step; the 3 survivors spawn a replacement, which
+    # receives the committed state; back to 4 ranks within 10 s, ending with 4 identical models.
+    kill_rank, kill_step = random.Random().choice([1, 2]), random.Random().randint(3, 20)
+    kill_file = tmp_path / "killed_at"
+    rc, out = run_elastic(4, [os.path.join(HERE, "elastic", "train_and_kill.py")],
+                          env={"KILL_RANK": str(kill_rank), "KILL_STEP": str(kill_step), "STEPS": "30",
+                               "KILL_FILE": str(kill_file), "PYCOMM_ELASTIC_MIN_NP": "3",
+                               "PYCOMM_ELASTIC_MAX_NP": "4"})
+    print(f"kill rank {kill_rank} at step {kill_step}\n{out}")
+    finals = {m.group(1): (int(m.group(2)), int(m.group(3)), m.group(4))
+              for m in re.finditer(r"rank (\w+) final-size (\d+) step (\d+) sha (\w+)", out)}
+    assert sorted(finals) == sorted([str(r) for r in range(4) if r != kill_rank] + ["new3"]), out
+    assert {f[:2] for f in finals.values()} == {(4, 30)}, out
+    assert len({f[2] for f in finals.values()}) == 1, f"the models differ:\n{out}"
+    killed_at = float(kill_file.read_text())
+    after = [float(m.group(2)) for m in re.finditer(r"rank (\w+) step-after-kill (\S+)", out)]
+    assert len(after) == 4, out  # the first step after the grow, on every rank of the grown job
+    took = max(after) - killed_at
+    grown = re.search(r"grew back to 4 rank\(s\) in (\S+) s", out).group(1)
+    print(f"time from the kill of rank {kill_rank} to the first step on 4 ranks again: {took:.3f} s "
+          f"(spawn, merge and restart {grown} s)")
+    assert took < 10, out
+
+
+@needs_ulfm
+@pytest.mark.mpi
+def test_grow_adds_a_rank_that_receives_the_committed_state():
+    rc, out = run_elastic(2, [os.path.join(HERE, "elastic", "grow_on_purpose.py")],
+                          env={"GROW": "1", "GROW_STEP": str(random.Random().randint(1, 10)), "STEPS": "20"})
+    print(out)
+    assert rc == 0, out
+    assert re.search(r"rank 2 joined 1 size 3", out), out
+    finals = re.findall(r"rank (\d) final-size (\d+) step (\d+) sha (\w+) allreduce (\d+) resets \[(\d+)\]", out)
+    assert sorted(f[0] for f in finals) == ["0", "1", "2"], out
+    assert {f[1:3] + f[4:] for f in finals} == {("3", "20", "3", "3")}, out  # reset callbacks ran on all 3
+    assert len({f[3] for f in finals}) == 1, f"the models differ:\n{out}"
+    print("grow(1) took " + re.search(r"grew to 3 rank\(s\) in (\S+) s", out).group(1) + " s")
+
+
+@needs_ulfm
+@pytest.mark.mpi
+def test_below_min_np_every_survivor_ends_with_a_clear_error(tmp_path):
+    rc, out = run_elastic(3, [os.path.join(HERE, "elastic", "train_and_kill.py")],
+                          env={"KILL_RANK": "1", "KILL_STEP": str(random.Random().randint(3, 10)), "STEPS": "30",
+                               "KILL_FILE": str(tmp_path / "killed_at"), "PYCOMM_ELASTIC_MIN_NP": "3",
+                               "PYCOMM_ELASTIC_MAX_NP": "3"})
+    print(out)
+    assert rc != 0, out
+    errors = re.findall(r"CommError: pycomm.elastic: 2 rank\(s\) left after losing ranks \[1\]; the job needs at "
+                        r"least 3 \(min_size, pycomm-run --min-np\)", out)
+    assert len(errors) == 2, out  # on both survivors
+    assert "final-size" not in out and "grew back" not in out, out

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from .. import _C
 from ..groups import ProcessGroup, new_group
-from ..runtime import init, world_comm
+from ..runtime import CommError, init, topology, world_comm
 
 BACKEND_NAME = "pycomm"
 
@@ -68,9 +68,30 @@ def register() -> None:
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"])
 
 
-def bootstrap_env() -> None:
-    """Provide torch's env:// rendezvous from MPI unless MASTER_ADDR is already set."""
-    if os.environ.get("MASTER_ADDR"):
+def rebuild_after_world_change() -> None:
+    """Make torch.distributed's default group again on pycomm's new world, after pycomm.elastic shrank or
+    grew the job (docs/elastic.md). Collective over the new world; nothing when torch.distributed is not
+    initialized. Every torch group made before (dist.new_group) is destroyed with the old default group:
+    make them again after this (a reset callback). A default group of another backend: CommError."""
+    if not dist.is_initialized():
+        return
+    backend = str(dist.get_backend())
+    if backend != BACKEND_NAME:
+        raise CommError(f"pycomm.elastic: the job changed size, and torch.distributed's default group (backend "
+                        f"{backend!r}) cannot follow it; only backend {BACKEND_NAME!r} is rebuilt on the new world")
+    # The old groups' point-to-point communicators stay allocated: after a death they are revoked, and
+    # freeing one is collective over a group that lost a member (as the world's in pycomm.elastic.recovery).
+    dist.destroy_process_group()
+    _groups.clear()
+    bootstrap_env(force=True)
+    topo = topology()
+    dist.init_process_group(BACKEND_NAME, rank=topo.rank, world_size=topo.size)
+
+
+def bootstrap_env(force: bool = False) -> None:
+    """Provide torch's env:// rendezvous from MPI unless MASTER_ADDR is already set (force: set it again,
+    with RANK and WORLD_SIZE, for a job that changed size)."""
+    if os.environ.get("MASTER_ADDR") and not force:
         return
     topo = init()
     world = world_comm()
@@ -84,5 +105,8 @@ def bootstrap_env() -> None:
     port = world.bcast(port, root=0)
     os.environ["MASTER_ADDR"] = addr
     os.environ["MASTER_PORT"] = str(port)
-    os.environ.setdefault("RANK", str(topo.rank))
-    os.environ.setdefault("WORLD_SIZE", str(topo.size))
+    if force:
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = str(topo.rank), str(topo.size)
+    else:
+        os.environ.setdefault("RANK", str(topo.rank))
+        os.environ.setdefault("WORLD_SIZE", str(topo.size))

@@ -28,6 +28,7 @@ class ProcessSet:
         self.ranks: Optional[List[int]] = None if ranks_or_comm is None else sorted(int(r) for r in ranks_or_comm)
         self.process_set_id: Optional[int] = None
         self._group: Optional["pycomm.ProcessGroup"] = None
+        self._lost = False  # registered on a world that pycomm.elastic replaced (lose_after_world_change)
 
     def _global(self) -> bool:
         return self is global_process_set
@@ -48,6 +49,10 @@ class ProcessSet:
         return self._global() or (self._group is not None and self._group.is_member)
 
     def _check(self, what: str) -> None:
+        if self._lost:
+            raise pycomm.CommError(f"hvd.ProcessSet({self.ranks}).{what}(): the set was built before the job changed "
+                                   "size (a recovery or grow of pycomm.elastic) and its ranks are gone with that "
+                                   "world; add the process set again with hvd.add_process_set (in a reset callback)")
         if self._group is None:
             raise ValueError(f"hvd.ProcessSet({self.ranks}).{what}(): the set is not registered; call "
                              "hvd.add_process_set() on every rank first")
@@ -76,6 +81,7 @@ def add_process_set(process_set) -> ProcessSet:
         process_set = ProcessSet(process_set)
     if process_set._global() or process_set.ranks is None:
         raise ValueError("hvd.add_process_set: give the set's ranks; the global set exists already")
+    process_set._lost = False
     if process_set._group is not None:
         raise ValueError(f"hvd.add_process_set: {process_set!r} is already registered")
     for other in _registered:
@@ -99,6 +105,14 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     process_set._group = None
     process_set.process_set_id = None
     return True
+
+
+def lose_after_world_change() -> None:
+    """pycomm.elastic shrank or grew the job: the registered sets' groups were lost with the old world (their
+    ranks meant ranks of that world). Every later use of one raises CommError saying to add it again."""
+    for ps in _registered:
+        ps._group, ps.process_set_id, ps._lost = None, None, True
+    _registered.clear()
 
 
 def _remove_all() -> None:

@@ -247,12 +247,24 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--elastic", action="store_true",
                    help="elastic mode (docs/elastic.md): the job survives the death of ranks; adds Open MPI's "
                         "--with-ft ulfm and sets PYCOMM_ELASTIC=1")
+    p.add_argument("--min-np", type=int, default=None, metavar="M",
+                   help="with --elastic: the job ends with an error when fewer than M ranks are left "
+                        "(sets PYCOMM_ELASTIC_MIN_NP)")
+    p.add_argument("--max-np", type=int, default=None, metavar="N",
+                   help="with --elastic: after ranks die, the survivors spawn replacements up to N ranks "
+                        "(sets PYCOMM_ELASTIC_MAX_NP)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     args = p.parse_args(argv)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     if args.servers is not None and args.np is not None and not 0 <= args.servers < args.np:
         p.error(f"--servers {args.servers} must be between 0 and {args.np - 1} (at least one rank must be a worker)")
+    if (args.min_np is not None or args.max_np is not None) and not args.elastic:
+        p.error("--min-np and --max-np need --elastic")
+    if args.np is not None and args.min_np is not None and not 1 <= args.min_np <= args.np:
+        p.error(f"--min-np {args.min_np} must be between 1 and -np {args.np}")
+    if args.np is not None and args.max_np is not None and args.max_np < args.np:
+        p.error(f"--max-np {args.max_np} must be at least -np {args.np}")
     if args.hostfile and not os.path.exists(args.hostfile):
         p.error(f"hostfile {args.hostfile} does not exist")
     try:
@@ -299,6 +311,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   "not Open MPI's", file=sys.stderr)
             return 2
         env = {**(os.environ if env is None else env), "PYCOMM_ELASTIC": "1"}
+        if args.min_np is not None:
+            env["PYCOMM_ELASTIC_MIN_NP"] = str(args.min_np)
+        if args.max_np is not None:
+            env["PYCOMM_ELASTIC_MAX_NP"] = str(args.max_np)
         extra = list(ELASTIC_OPENMPI_ARGS) + extra
     try:
         cmd = build_command(args.np, command, launcher=launcher, flavour=mpi_flavour(launcher),

@@ -4,7 +4,8 @@ Run by tests/test_elastic.py under `mpirun --with-ft ulfm`. Every survivor print
   rank R killed-at T           (the wall-clock time of the kill, from the victim, shared through a file)
   rank R step-after-kill T     (the first step that completes after the recovery)
   rank R final-size N sha SHA  (the world size at the end, and a hash of the model's bytes)
-Settings through the environment: KILL_RANK, KILL_STEP (-1: no kill), STEPS, KILL_FILE; and for a second
+With PYCOMM_ELASTIC_MIN_NP / PYCOMM_ELASTIC_MAX_NP the survivors grow the job back; the spawned ranks are
+named "new<rank>" and print step-after-kill too. Settings through the environment: KILL_RANK, KILL_STEP (-1: no kill), STEPS, KILL_FILE; and for a second
 death SECOND_RANK with SECOND_STEP (it dies before that step) or SECOND_STEP=recovery (it dies inside the
 first recovery, in its reset callback).
 """
@@ -25,7 +26,9 @@ steps = int(os.environ.get("STEPS", "40"))
 kill_file = os.environ["KILL_FILE"]
 second_rank = int(os.environ.get("SECOND_RANK", "-1"))
 second_step = os.environ.get("SECOND_STEP", "")
-world_rank = pycomm.rank()  # the rank in the original world (ranks are renumbered after a shrink)
+# The rank in the original world (ranks are renumbered after a shrink); a rank spawned to grow the job back
+# (PYCOMM_ELASTIC_MAX_NP) is named "new" and its rank in the grown world, and never kills itself.
+world_rank = pycomm.rank() if not elastic.joined() else f"new{pycomm.rank()}"
 
 torch.manual_seed(1234)  # the same initial model everywhere; sync() makes it so anyway
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -77,5 +80,5 @@ def train(state):
 train()
 digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
 if after_kill["recovered"]:
-    print(f"rank {world_rank} recoveries {elastic.recoveries}", flush=True)
+    print(f"rank {world_rank} recoveries {elastic.recoveries} growths {elastic.growths}", flush=True)
 print(f"rank {world_rank} final-size {pycomm.size()} step {state.step} sha {digest}", flush=True)

@@ -33,3 +33,23 @@ def test_elastic_is_refused_for_a_launcher_that_is_not_open_mpi(tmp_path):
     out = _dry_run(launcher=str(fake))
     assert out.returncode == 2, out
     assert "--elastic needs Open MPI's fault tolerance (mpirun --with-ft ulfm)" in out.stderr, out.stderr
+
+
+@pytest.mark.skipif(mpi_flavour(find_launcher()) != "openmpi", reason="this environment's MPI is not Open MPI")
+def test_min_and_max_np_reach_the_ranks_through_the_environment():
+    out = _dry_run("--min-np", "2", "--max-np", "4")
+    assert out.returncode == 0, out.stderr
+    assert "-x PYCOMM_ELASTIC_MIN_NP=2" in out.stderr and "-x PYCOMM_ELASTIC_MAX_NP=4" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("args,why", [(["--min-np", "4"], "--min-np 4 must be between 1 and -np 3"),
+                                      (["--max-np", "2"], "--max-np 2 must be at least -np 3")])
+def test_min_and_max_np_must_bracket_np(args, why):
+    out = _dry_run(*args)
+    assert out.returncode == 2 and why in out.stderr, out.stderr
+
+
+def test_min_and_max_np_need_elastic():
+    out = subprocess.run([sys.executable, "-m", "pycomm.tools.launcher", "-np", "3", "--max-np", "4", "--dry-run",
+                          "--", "python", "train.py"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--min-np and --max-np need --elastic" in out.stderr, out.stderr
