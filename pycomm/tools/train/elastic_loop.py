@@ -48,6 +48,12 @@ class _AlgorithmState:
 
 def train_elastic(args) -> Dict[str, Any]:
     """Run the training described by parsed `args` in elastic mode; returns the summary (on every survivor)."""
+    if os.environ.get(elastic.MAX_NP_ENV):
+        # A spawned rank runs this file from the top, and the algorithm's constructor below already
+        # communicates (it broadcasts the model), which the old ranks, inside elastic.run, never match.
+        raise UsageError(f"pycomm-train --elastic shrinks after a rank dies but does not grow back yet "
+                         f"({elastic.MAX_NP_ENV} is set by pycomm-run --max-np): run without --max-np "
+                         f"(--min-np alone works; docs/elastic.md)")
     try:
         data = load_dataset(args.dataset)
     except (DataError, ValueError) as e:
