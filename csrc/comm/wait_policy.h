@@ -25,7 +25,7 @@
 namespace pycomm {
 namespace comm {
 
-constexpr long kDefaultSpinPolls = 2000;  // about 10-100 us of polling, depending on what a poll costs
+constexpr long kDefaultSpinPolls = 200;  // a few to tens of us of polling, depending on what a poll costs
 constexpr long kYieldMicros = 200;        // then yield, up to this long into the wait
 constexpr long kMaxSleepMicros = 64;      // then sleep, doubling up to this
 
