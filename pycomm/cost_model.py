@@ -8,7 +8,7 @@ ranks, M nodes of L ranks each:
     beta     s per byte sent point to point inside a node
     gamma    s per byte reduced (read two operands, write one)
     delta    s per byte copied (the copies in and out of the shared window)
-    sync     s per fence of the shared window (MPI_Win_sync + barrier of the node)
+    sync     s per fence of the shared window (a barrier of the node: a counter in the window)
     alpha_x, beta_x   alpha and beta across nodes (equal to alpha, beta on one host)
     kappa    s per float32 byte cast to or from fp16/bf16
     omega    s per float32 byte of one 1-bit compression pass (signs, scale, residual)

@@ -68,6 +68,7 @@
 #include "compressed_allreduce.h"
 #include "shm_window.h"
 #include "timeline.h"
+#include "wait_policy.h"
 
 namespace pycomm {
 namespace comm {
@@ -126,10 +127,10 @@ class HalfRing {
         wait_sends_of(recv_seg(step_));
         post_recv(step_);
       }
-      PYCOMM_MPI_CHECK(MPI_Wait(&recv_, MPI_STATUS_IGNORE));
+      wait_request(&recv_);  // gives up the core under contention (wait_policy.h)
       advance();
     }
-    PYCOMM_MPI_CHECK(MPI_Waitall(static_cast<int>(sends_.size()), sends_.data(), MPI_STATUSES_IGNORE));
+    wait_requests(static_cast<int>(sends_.size()), sends_.data());
   }
 
  private:
@@ -155,7 +156,7 @@ class HalfRing {
   }
   void wait_sends_of(int seg) {
     for (int s = 0; s < step_; ++s)
-      if (send_seg(s) == seg) PYCOMM_MPI_CHECK(MPI_Wait(&sends_[static_cast<size_t>(s)], MPI_STATUS_IGNORE));
+      if (send_seg(s) == seg) wait_request(&sends_[static_cast<size_t>(s)]);
   }
 
   // False when the step receives in place and a send from there is still out.

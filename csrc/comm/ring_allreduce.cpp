@@ -5,6 +5,7 @@
 #include "../kernels/reduce.h"
 #include "algorithms.h"
 #include "timeline.h"
+#include "wait_policy.h"
 
 namespace pycomm {
 namespace comm {
@@ -72,7 +73,7 @@ class RingPass {
         post_recv(order[posted].first, order[posted].second, posted % kRecvWindow, &recv_req[posted]);
         ++posted;
       }
-      PYCOMM_MPI_CHECK(MPI_Wait(&recv_req[i], MPI_STATUS_IGNORE));
+      wait_request(&recv_req[i]);  // waits give up the core under contention (wait_policy.h)
       const int t = order[i].first;
       const size_t c = order[i].second;
       if (t < size_ - 1) {
@@ -83,8 +84,7 @@ class RingPass {
       }
       if (t + 1 < steps) post_send(t + 1, c);
     }
-    if (!send_req_.empty())
-      PYCOMM_MPI_CHECK(MPI_Waitall(static_cast<int>(send_req_.size()), send_req_.data(), MPI_STATUSES_IGNORE));
+    wait_requests(static_cast<int>(send_req_.size()), send_req_.data());
   }
 
  private:
@@ -110,7 +110,7 @@ class RingPass {
     size_t begin, len;
     chunk_range(seg, c, &begin, &len);
     MPI_Request& req = send_req_[first_chunk_[seg] + c];
-    if (req != MPI_REQUEST_NULL) PYCOMM_MPI_CHECK(MPI_Wait(&req, MPI_STATUS_IGNORE));
+    wait_request(&req);
     PYCOMM_MPI_CHECK(MPI_Isend(buf_.bytes_at(begin), checked_int(len * esize_), dtype_, right_, kRingTag, comm_, &req));
   }
 
@@ -124,7 +124,7 @@ class RingPass {
     } else {
       // allgather: straight into place, once the earlier send from there is done
       MPI_Request& pending = send_req_[first_chunk_[seg] + c];
-      if (pending != MPI_REQUEST_NULL) PYCOMM_MPI_CHECK(MPI_Wait(&pending, MPI_STATUS_IGNORE));
+      wait_request(&pending);
       dst = buf_.bytes_at(begin);
     }
     PYCOMM_MPI_CHECK(MPI_Irecv(dst, checked_int(len * esize_), dtype_, left_, kRingTag, comm_, req));

@@ -3,9 +3,28 @@
 #include "fault.h"
 
 #include <algorithm>
+#include <atomic>
+#include <new>
+
+#include "wait_policy.h"
 
 namespace pycomm {
 namespace comm {
+
+// The fence's barrier, in the first page of local rank 0's segment (each
+// segment is allocated kControlBytes longer; segment() points past it). Each
+// word on its own cache line, so arrivals do not disturb the waiters' polls.
+struct ShmWindow::Control {
+  alignas(64) std::atomic<uint32_t> arrived{0};   // ranks in the current fence
+  alignas(64) std::atomic<uint32_t> epoch{0};     // fences completed; waiters poll (or sleep on) it
+  alignas(64) std::atomic<uint32_t> sleepers{0};  // waiters inside a futex wait (wait_policy.cpp)
+};
+
+namespace {
+constexpr size_t kControlBytes = 4096;  // one page: the data segments stay page-aligned
+static_assert(sizeof(std::atomic<uint32_t>) == 4 && std::atomic<uint32_t>::is_always_lock_free,
+              "the barrier's words are plain lock-free 32-bit words shared between processes");
+}  // namespace
 
 void ShmWindow::reserve(size_t bytes) {
   settle();
@@ -27,7 +46,7 @@ void ShmWindow::reserve(size_t bytes) {
   // Non-contiguous segments let each rank's segment live in its own NUMA domain.
   PYCOMM_MPI_CHECK(MPI_Info_set(info, "alloc_shared_noncontig", "true"));
   void* base = nullptr;
-  int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(want), 1, info, comm_, &base, &win_);
+  int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(want + kControlBytes), 1, info, comm_, &base, &win_);
   MPI_Info_free(&info);
   PYCOMM_MPI_CHECK(rc);
   segments_.assign(static_cast<size_t>(size_), nullptr);
@@ -36,18 +55,49 @@ void ShmWindow::reserve(size_t bytes) {
     int disp = 0;
     void* ptr = nullptr;
     PYCOMM_MPI_CHECK(MPI_Win_shared_query(win_, r, &seg_size, &disp, &ptr));
-    segments_[static_cast<size_t>(r)] = static_cast<char*>(ptr);
+    segments_[static_cast<size_t>(r)] = static_cast<char*>(ptr) + kControlBytes;
   }
   PYCOMM_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_));
+  // Loads and stores on the window are plain memory accesses only in the unified model; in the
+  // separate model (no known shared-memory implementation) the fence stays MPI_Win_sync + MPI_Barrier.
+  int* model = nullptr;
+  int has_model = 0;
+  PYCOMM_MPI_CHECK(MPI_Win_get_attr(win_, MPI_WIN_MODEL, &model, &has_model));
+  if (has_model && *model == MPI_WIN_UNIFIED) {
+    char* page = segments_[0] - kControlBytes;
+    if (rank_ == 0) control_ = new (page) Control();
+    else control_ = reinterpret_cast<Control*>(page);
+    PYCOMM_MPI_CHECK(MPI_Barrier(comm_));  // nobody uses the words before rank 0 has zeroed them
+  }
+  fences_ = 0;
   capacity_ = want;
   ++allocations_;
 }
 
 void ShmWindow::fence() {
-  // The unified-memory idiom for shared windows: sync, barrier, sync.
-  PYCOMM_MPI_CHECK(MPI_Win_sync(win_));
-  PYCOMM_MPI_CHECK(MPI_Barrier(comm_));
-  PYCOMM_MPI_CHECK(MPI_Win_sync(win_));
+  if (!control_) {
+    // The unified-memory idiom for shared windows: sync, barrier, sync.
+    if (win_ != MPI_WIN_NULL) PYCOMM_MPI_CHECK(MPI_Win_sync(win_));
+    PYCOMM_MPI_CHECK(MPI_Barrier(comm_));
+    if (win_ != MPI_WIN_NULL) PYCOMM_MPI_CHECK(MPI_Win_sync(win_));
+    return;
+  }
+  // Epoch barrier. Every rank passes the same fences in the same order, so fence k waits for epoch
+  // k+1. Ordering: each arrival's fetch_add releases the rank's stores to the window; the fetch_adds
+  // form one release sequence, so the last arrival's fetch_add acquires all of them, and its store of
+  // the new epoch releases them to every waiter's acquiring load. arrived is reset before that store,
+  // so no rank can enter the next fence and see a stale count.
+  Control& c = *control_;
+  const uint32_t epoch = fences_++;
+  if (c.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(size_)) {
+    c.arrived.store(0, std::memory_order_relaxed);
+    c.epoch.store(epoch + 1, std::memory_order_seq_cst);
+    if (c.sleepers.load(std::memory_order_seq_cst) != 0) wake_sleepers(&c.epoch);
+    return;
+  }
+  const SleepWord word{&c.epoch, epoch, &c.sleepers};
+  Waiter waiter;
+  while (c.epoch.load(std::memory_order_acquire) == epoch) waiter.pause(&word);
 }
 
 size_t ShmWindow::take_half(size_t bytes) {
@@ -74,6 +124,7 @@ void ShmWindow::release() {
     MPI_Win_free(&win_);
   }
   win_ = MPI_WIN_NULL;
+  control_ = nullptr;
   capacity_ = 0;
   segments_.clear();
 }

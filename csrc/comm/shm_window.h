@@ -39,7 +39,9 @@ class ShmWindow {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
-  // Make every rank's stores visible to the node, and wait for all ranks.
+  // Make every rank's stores visible to the node, and wait for all ranks: a
+  // counter barrier in the window's control page (shm_window.cpp), waiting
+  // under wait_policy.h.
   void fence();
 
   // Small messages (shm_allreduce's one-fence form): the offset in every
@@ -59,6 +61,7 @@ class ShmWindow {
 
  private:
   void release();
+  struct Control;
 
   MPI_Comm comm_;
   MPI_Win win_ = MPI_WIN_NULL;
@@ -69,6 +72,8 @@ class ShmWindow {
   std::vector<char*> segments_;
   bool reads_pending_ = false;  // a one-fence call has not been followed by a fence yet
   int half_ = 0;                // the half the next take_half() uses
+  Control* control_ = nullptr;  // the barrier's words, in local rank 0's control page; null: MPI_Barrier
+  uint32_t fences_ = 0;         // fences this rank has passed in this window (the barrier's epoch)
 };
 
 }  // namespace comm
