@@ -1,5 +1,7 @@
 #include "wait_policy.h"
 
+#include "fault.h"
+
 #include <linux/futex.h>
 #include <sched.h>
 #include <sys/syscall.h>
@@ -60,8 +62,12 @@ void Waiter::pause(const SleepWord* sleep_on) {
   if (spin_ < 0 || polls_ < spin_) {
     ++polls_;
     cpu_relax();
+    if (spin_ < 0 && polls_ % 4096 == 0) fault::poll();  // spinning for ever still notices a dead rank
     return;
   }
+  // Past the spin, a wait may be for a rank that has died: in elastic mode this raises
+  // RanksFailedError within fault.h's poll interval instead of waiting for ever (a no-op otherwise).
+  fault::poll();
   if (start_ns_ == 0) start_ns_ = now_ns();
   if (now_ns() - start_ns_ < kYieldMicros * 1000) {
     sched_yield();

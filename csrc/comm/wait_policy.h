@@ -15,7 +15,8 @@
 //
 // PYCOMM_WAIT_SPIN=0 starts yielding at the first failed poll; -1 never leaves
 // the spin phase (the behaviour of plain MPI_Wait). Waiter::pause() is the one
-// place every wait loop passes through between polls.
+// place every wait loop passes through between polls; past the spin it also
+// asks fault.h whether a rank has died (elastic mode), so no wait outlives one.
 #pragma once
 #include <mpi.h>
 
