@@ -17,6 +17,7 @@ from typing import Dict, Optional, Sequence
 
 from .. import _C, groups, runtime
 from ..runtime import CommError
+from .recovery import elastic_state
 
 
 class Growth:
@@ -81,12 +82,7 @@ def spawn_and_restart(k: int, command: Optional[Sequence[str]] = None,
     for the spawn, over spawn_info()'s. The old ranks keep their ranks; the new ones follow them.
     Process groups are lost with the old world, as after a recovery. Raises CommError outside elastic mode.
     """
-    st = runtime._state
-    if st.topology is None:
-        raise CommError("pycomm.elastic.grow: pycomm is not initialized: call pycomm.init(elastic=True) first")
-    if not st.elastic:
-        raise CommError("pycomm.elastic.grow: elastic mode is off; call pycomm.init(elastic=True) "
-                        "(or set PYCOMM_ELASTIC=1) and launch with pycomm-run --elastic")
+    st = elastic_state("pycomm.elastic.grow")
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"pycomm.elastic.grow: k must be a positive number of ranks, got {k!r}")
     command = list(command) if command is not None else job_command()

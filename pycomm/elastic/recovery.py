@@ -59,18 +59,24 @@ class Recovery:
                 f"{self.seconds:.3f} s)")
 
 
+def elastic_state(what: str):
+    """The runtime's state, or CommError (naming `what`) when pycomm is not running in elastic mode."""
+    st = runtime._state
+    if st.topology is None:
+        raise CommError(f"{what}: pycomm is not initialized: call pycomm.init(elastic=True) first")
+    if not st.elastic:
+        raise CommError(f"{what}: elastic mode is off; call pycomm.init(elastic=True) "
+                        "(or set PYCOMM_ELASTIC=1) and launch with pycomm-run --elastic")
+    return st
+
+
 def shrink_and_restart() -> Recovery:
     """Revoke pycomm's communicators, shrink the world to the live ranks and start pycomm on it again.
 
     Collective over the survivors; each must call it after seeing a rank failure. A death during the
     recovery itself shrinks again. Raises CommError outside elastic mode.
     """
-    st = runtime._state
-    if st.topology is None:
-        raise CommError("pycomm.elastic: pycomm is not initialized: call pycomm.init(elastic=True) first")
-    if not st.elastic:
-        raise CommError("pycomm.elastic: elastic mode is off; call pycomm.init(elastic=True) "
-                        "(or set PYCOMM_ELASTIC=1) and launch with pycomm-run --elastic")
+    st = elastic_state("pycomm.elastic")
     start = time.perf_counter()
     MPI = runtime.mpi()
     base = st.world
