@@ -97,10 +97,14 @@ class Algorithm:
         """Parameters to evaluate, aligned with ``trainable_parameters(model)``; the same on every rank."""
         return self.params
 
+    def _new_eval_model(self) -> torch.nn.Module:
+        """The module eval_model() fills, made once: a copy of the model."""
+        return copy.deepcopy(self.model)
+
     def eval_model(self) -> torch.nn.Module:
         """A copy of the model holding ``eval_parameters()`` (and the model's buffers)."""
         if self._eval_model is None:
-            self._eval_model = copy.deepcopy(self.model)
+            self._eval_model = self._new_eval_model()
         with torch.no_grad():
             for dst, src in zip(trainable_parameters(self._eval_model), self.eval_parameters()):
                 dst.copy_(src)

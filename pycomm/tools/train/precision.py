@@ -68,16 +68,9 @@ class MixedPrecisionSSGD(Algorithm):
         masters = {id(p): m for p, m in self.mp._pairs}
         return [masters[id(p)] for p in self.params]
 
-    def eval_model(self) -> torch.nn.Module:
-        """A float32 copy of the model holding the master weights."""
-        if self._eval_model is None:
-            self._eval_model = copy.deepcopy(self.model).float()
-        with torch.no_grad():
-            for dst, src in zip(trainable_parameters(self._eval_model), self.eval_parameters()):
-                dst.copy_(src)
-            for dst, src in zip(self._eval_model.buffers(), self.model.buffers()):
-                dst.copy_(src)
-        return self._eval_model
+    def _new_eval_model(self) -> torch.nn.Module:
+        """eval_model() holds the float32 master weights: a float32 copy of the model."""
+        return copy.deepcopy(self.model).float()
 
     @property
     def loss_scale(self) -> float:
