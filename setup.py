@@ -128,6 +128,33 @@ def cuda_library_includes():
                   if os.path.exists(os.path.join(d, "cusparse.h")))
 
 
+def check_libstdcxx_linkage():
+    """Refuse a C++ compiler that links libstdc++ statically (seen on a GPU machine: a toolchain
+    under /opt/gcc first on PATH). torch loads the system's shared libstdc++; a second, static copy
+    inside pycomm._C crashed in its uninitialised locale at the first ostream use in pycomm.init().
+    The probe is a shared object that uses an ostream; set CXX (and CC, nvcc's host compiler) to a
+    compiler that links the shared library, such as the system's /usr/bin/g++."""
+    import sysconfig
+    import tempfile
+
+    cxx = os.environ.get("CXX") or (sysconfig.get_config_var("CXX") or "c++").split()[0]
+    cxx_path = shutil.which(cxx)
+    readelf = shutil.which("readelf")
+    if not cxx_path or not readelf:
+        return
+    with tempfile.TemporaryDirectory() as d:
+        src, lib = os.path.join(d, "probe.cpp"), os.path.join(d, "probe.so")
+        with open(src, "w") as f:
+            f.write("#include <sstream>\nstd::string probe(long x) { std::ostringstream s; s << x; return s.str(); }\n")
+        if subprocess.run([cxx_path, "-shared", "-fPIC", src, "-o", lib], capture_output=True).returncode != 0:
+            return  # not a compiler this probe understands: the build itself will say what is wrong
+        needed = subprocess.run([readelf, "-d", lib], capture_output=True, text=True).stdout
+    if "libstdc++" not in needed:
+        sys.exit(f"pycomm: the C++ compiler {cxx_path} links libstdc++ statically, so pycomm._C would carry a "
+                 "second copy of it beside the one torch loads (it crashes at pycomm.init). Build with a compiler "
+                 "that links the shared library, e.g. CXX=/usr/bin/g++ CC=/usr/bin/gcc.")
+
+
 def extension():
     incs, libdirs, libs, link_args, flavour = mpi_flags(find_mpicc())
     cpp = sorted(glob.glob("csrc/**/*.cpp", recursive=True))
@@ -158,7 +185,11 @@ def extension():
 # PYCOMM_NO_EXTENSION=1 installs the Python package alone: the Makefile's
 # editable install uses it and then builds the extension in place with
 # `setup.py build_ext --inplace`, which ninja keeps incremental.
-EXT_MODULES = [] if os.environ.get("PYCOMM_NO_EXTENSION") == "1" else [extension()]
+if os.environ.get("PYCOMM_NO_EXTENSION") == "1":
+    EXT_MODULES = []
+else:
+    check_libstdcxx_linkage()
+    EXT_MODULES = [extension()]
 
 setup(
     name="pycomm",

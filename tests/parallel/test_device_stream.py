@@ -513,3 +513,27 @@ def test_c10d_bodies_do_not_own_their_tensors(mode):
         plain.scatter([s_out], ins, c10d.ScatterOptions()).wait()
         pycomm.stats()
         assert torch.equal(s_out.cpu(), torch.full((4,), float(rank + i)))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: the lanes are CUDA streams")
+def test_cuda_tensors_outlive_the_engine_that_recorded_them():
+    """The bindings record a submitted CUDA tensor on the engine's lanes (recordStream), and torch's
+    caching allocator records an event on those streams when the tensor is freed. Freed after its
+    engine stopped (here a group's, destroyed; in the field, a residual freed at interpreter exit),
+    the tensor once met destroyed streams: `CUDA error: context is destroyed` and an abort at exit,
+    first seen on a GPU in bench/gpu_allreduce.py. The lanes now outlive every engine."""
+    dev = _device("cuda")
+    size = pycomm.size()
+    kept = []
+    for round_ in range(3):  # each group's engine takes lanes from the pool and gives them back
+        group = pycomm.new_group(list(range(size)))
+        x = torch.full((1 << 16,), float(round_ + 1), device=dev)
+        pycomm.allreduce(x, op="sum", group=group)
+        assert torch.equal(x.cpu(), torch.full((1 << 16,), float(size * (round_ + 1))))
+        kept.append(x)
+        pycomm.destroy_group(group)
+    kept.clear()  # freed after their engines stopped: the allocator records on the lanes here
+    torch.cuda.synchronize()
+    y = torch.ones(5, device=dev)
+    pycomm.allreduce(y, op="sum")
+    assert torch.equal(y.cpu(), torch.full((5,), float(size)))
