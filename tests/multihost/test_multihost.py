@@ -30,9 +30,12 @@ COMPRESSIONS = tuple(getattr(collectives, "COMPRESSIONS", ("none",)))
 # sends 2(N-1)/N S = 1.5 S. Hierarchical forms move 2(M-1)/M S = S. Any allreduce between 2 hosts
 # moves at least S each way: that lower bound applies to the rest (mpi, auto).
 LINK_FACTOR = {"ring": 1.5, "hierarchical": 1.0, "hierarchical_master": 1.0}
-# Where the model knows the bytes, also bound them from above: TCP/IP and Ethernet headers and the
-# ACKs of the other direction add about 7%.
-UPPER_MARGIN = 1.15
+# Where the model knows the bytes, also bound them from above: TCP/IP and Ethernet headers, the ACKs
+# of the other direction and retransmissions on the shaped link add to the model's bytes. Measured
+# over 12 runs of this file on a 2-core machine (sent / model): hierarchical 1.061-1.123,
+# hierarchical_master 1.048-1.079, ring 1.048-1.088; one CI run saw hierarchical at 1.155. A bound of
+# 1.25 stays clear of that spread and still fails traffic that crosses the link a second time (1.5x).
+UPPER_MARGIN = 1.25
 # Fraction of the uncompressed bytes a compression puts on the wire (lower bound; a compression not
 # listed here is checked for correctness only).
 WIRE_FRACTION = {"none": 1.0, "fp16": 0.5, "bf16": 0.5, "onebit": 1 / 32}
