@@ -14,18 +14,25 @@ Call ``new_group`` on every rank with the same ranks, in the same order
 relative to other ``new_group`` calls (as with torch.distributed.new_group);
 only members take part in building it. Non-members get a handle with
 ``is_member == False`` that every collective refuses.
+
+When pycomm.elastic replaces the world (a recovery after a death, or a
+grow), every group made on the old world is made again on the new one with
+its surviving ranks, renumbered as the new world numbers them, and the same
+handle keeps working (``rebuild``).
 """
 from __future__ import annotations
 
 import itertools
+import weakref
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from . import _C
 from .runtime import CommError, Topology, mpi, topology, world_comm
 
 _ids = itertools.count(1)
 _live = {}  # id -> communicators of groups this rank belongs to (kept until destroy_group)
+_made: List[weakref.ref] = []  # every group handle made here, members' and not, in creation order (rebuild)
 
 
 @dataclass
@@ -37,6 +44,7 @@ class ProcessGroup:
     rank: int  # this process's rank in the group, -1 if not a member
     topology: Optional[Topology] = None
     _comms: tuple = ()
+    _destroyed: bool = False
 
     @property
     def size(self) -> int:
@@ -65,10 +73,17 @@ def new_group(ranks: Sequence[int]) -> ProcessGroup:
             raise ValueError(f"pycomm.new_group: rank {r!r} is not a rank of this job (0..{world_topo.size - 1})")
     if len(set(ranks)) != len(ranks):
         raise ValueError(f"pycomm.new_group: ranks {ranks} contain duplicates")
-    gid = next(_ids)
-    if world_topo.rank not in ranks:
-        return ProcessGroup(gid, tuple(ranks), -1)
-    MPI = mpi()
+    group = ProcessGroup(next(_ids), tuple(ranks), -1)
+    if world_topo.rank in ranks:
+        group.rank, group.topology, group._comms = _build(group.id, ranks)
+    _made.append(weakref.ref(group))
+    return group
+
+
+def _build(gid: int, ranks: List[int]):
+    """Make group `gid` over `ranks` (world ranks) on this member: its communicators and engine. Collective
+    over the members. Returns (rank in the group, topology, communicators)."""
+    world_topo = topology()
     world = world_comm()
     comm = world.Create_group(world.group.Incl(ranks), tag=0x7067)
     comm.Set_name(f"pycomm.group{gid}")
@@ -86,13 +101,43 @@ def new_group(ranks: Sequence[int]) -> ProcessGroup:
                     virtual_nodes=world_topo.virtual_nodes)
     _C.group_engine_start(gid, comm.py2f(), local.py2f(), cross.py2f(), control.py2f(), topo.rank, topo.size,
                           topo.local_rank, topo.local_size, topo.node_rank, topo.num_nodes, topo.homogeneous)
-    del MPI
     _live[gid] = (comm, local, cross, control)
-    return ProcessGroup(gid, tuple(ranks), comm.rank, topo, _live[gid])
+    return comm.rank, topo, _live[gid]
+
+
+def snapshot() -> List[Tuple[ProcessGroup, Tuple[int, ...]]]:
+    """The groups not destroyed, with their world ranks now: what rebuild() starts from (taken before
+    the world changes, so that a recovery that shrinks twice translates from the same ranks)."""
+    groups = [ref() for ref in _made]
+    _made[:] = [weakref.ref(g) for g in groups if g is not None]
+    return [(g, g.ranks) for g in groups if g is not None and not g._destroyed]
+
+
+def rebuild(before: List[Tuple[ProcessGroup, Tuple[int, ...]]], old_world_group) -> None:
+    """Make the groups of `before` (snapshot()) again on the new world, after pycomm.elastic replaced it.
+
+    A group keeps its ranks that are still alive, in the same order, numbered as the new world numbers
+    them (MPI_Group_translate_ranks from `old_world_group`, the old world's MPI group), and its id. Its
+    old engine has stopped with the old world. Collective over each group's surviving members, in
+    creation order, as new_group is. A group whose members all died has no ranks left: every survivor
+    is outside it."""
+    MPI = mpi()
+    me = topology().rank
+    new_world_group = world_comm().Get_group()
+    try:
+        for group, old_ranks in before:
+            alive = MPI.Group.Translate_ranks(old_world_group, list(old_ranks), new_world_group)
+            ranks = tuple(r for r in alive if r != MPI.UNDEFINED)
+            group.ranks, group.rank, group.topology, group._comms = ranks, -1, None, ()
+            if me in ranks:
+                group.rank, group.topology, group._comms = _build(group.id, list(ranks))
+    finally:
+        new_world_group.Free()
 
 
 def destroy_group(group: ProcessGroup) -> None:
     """Finish the group's queued operations, stop its engine and free its communicators."""
+    group._destroyed = True  # on non-members too: pycomm.elastic does not make it again
     if not group.is_member or not group._comms:
         return
     _C.group_engine_stop(group.id)

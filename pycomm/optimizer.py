@@ -43,7 +43,7 @@ import torch
 from . import collectives
 from . import compression as _compression
 from .join import join as _join
-from .runtime import CommError, rank, size, topology
+from .runtime import rank, size, topology
 from .timeline import profiled
 
 #: Compression names DistributedOptimizer accepts (pycomm.compression; a
@@ -454,10 +454,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def reset_after_failure(self) -> None:
         """Forget the reductions of an iteration that a rank's death interrupted (pycomm.elastic): their
         handles failed with RanksFailedError, and the job now has fewer ranks. The gradients of that
-        iteration are dropped; training goes on from restored state."""
-        if self.group is not None:
-            raise CommError("DistributedOptimizer over a process group cannot continue after ranks failed: "
-                            "the group's communicators were lost with them")
+        iteration are dropped; training goes on from restored state. A process group was made again with
+        its surviving ranks (pycomm.groups.rebuild), so the averaging follows its new size."""
         for b in self._buckets:
             b.handle = None
             b.ready = 0
@@ -466,7 +464,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._passes[key] = 0
         self._next_to_start = 0
         self._synchronized = False
-        self._group_size = size()
+        self._group_size = size() if self.group is None else self.group.size
 
     def add_param_group(self, param_group: dict) -> None:
         if hasattr(self, "_optimizer"):

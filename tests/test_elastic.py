@@ -214,50 +214,56 @@ def test_a_horovod_elastic_script_runs_with_only_the_import_changed():
 @needs_ulfm
 @pytest.mark.mpi
 def test_a_death_in_a_job_with_a_process_group(tmp_path):
-    # The group's operation in flight fails too; after the recovery the world goes on and the old
-    # group, built on the lost world, refuses work with a clear error.
+    # Rank 2 dies with a group operation in flight: it fails on the group's other members too. After
+    # the recovery the group is made again with its survivors, ranks 0 and 1 (numbered as the new world
+    # numbers them), and the same handle works: its allreduce, a DistributedOptimizer over it and a
+    # Horovod process set over the same ranks all follow the new size. Old rank 3 (now 2) stays outside.
     script = tmp_path / "group.py"
     script.write_text(textwrap.dedent("""
         import os, signal, torch, pycomm, pycomm.elastic as elastic
+        import pycomm.horovod as hvd
         pycomm.init(elastic=True)
         start_rank = pycomm.rank()
         group = pycomm.new_group([0, 1, 2])
+        pset = hvd.add_process_set([0, 1, 2])
         model = torch.nn.Linear(4, 2)
+        opt = pycomm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                          group=group) if group.is_member else None
         state = elastic.TorchState(model, None, step=0)
+        seen = set()
 
         @elastic.run(state)
         def train(state):
             while state.step < 20:
-                if start_rank in (0, 1, 2) and not elastic.recoveries:  # the group is lost with the world
+                if group.is_member:
                     if start_rank == 2 and state.step == 6:
                         os.kill(os.getpid(), signal.SIGKILL)
                     t = torch.ones(3)
                     pycomm.allreduce(t, op="sum", group=group)
-                    assert t.tolist() == [3.0] * 3
+                    assert t.tolist() == [float(group.size)] * 3, (t, group)
+                    u = hvd.allreduce(torch.ones(2), op=hvd.Sum, process_set=pset)
+                    assert u.tolist() == [float(pset.size())] * 2, (u, pset)
+                    opt.zero_grad()
+                    model(torch.ones(5, 4)).sum().backward()
+                    opt.step()
+                    seen.add(group.size)
                 with torch.no_grad():
                     for p in model.parameters():
                         pycomm.allreduce(p, op="avg")
-                        p.add_(1.0 / (state.step + 1))
                 state.step += 1
                 state.commit()
 
         train()
-        if group.is_member:
-            try:
-                pycomm.allreduce(torch.ones(3), group=group)
-                print(f"rank {start_rank} old group still runs", flush=True)
-            except pycomm.CommError as e:
-                print(f"rank {start_rank} old group refused: {e}", flush=True)
         w = model.weight.detach().clone()
         pycomm.broadcast(w, root=0)
-        print(f"rank {start_rank} done size {pycomm.size()} same {torch.equal(w, model.weight)}", flush=True)
+        print(f"rank {start_rank} group {list(group.ranks)} member {group.is_member} sizes {sorted(seen)} "
+              f"set {pset.ranks} done size {pycomm.size()} same {torch.equal(w, model.weight)}", flush=True)
     """))
     rc, out = run_elastic(4, [str(script)])
     print(out)
-    for r in (0, 1, 3):
-        assert f"rank {r} done size 3 same True" in out, out
-        if r in (0, 1):
-            assert re.search(rf"rank {r} old group refused: .*process group \d+ is not running", out), out
+    for r in (0, 1):
+        assert f"rank {r} group [0, 1] member True sizes [2, 3] set [0, 1] done size 3 same True" in out, out
+    assert "rank 3 group [0, 1] member False sizes [] set [0, 1] done size 3 same True" in out, out
 
 
 @needs_ulfm
@@ -302,6 +308,8 @@ def test_grow_adds_a_rank_that_receives_the_committed_state():
     assert sorted(f[0] for f in finals) == ["0", "1", "2"], out
     assert {f[1:3] + f[4:] for f in finals} == {("3", "20", "3", "3")}, out  # reset callbacks ran on all 3
     assert len({f[3] for f in finals}) == 1, f"the models differ:\n{out}"
+    groups = sorted(re.findall(r"rank (\d) group-sum (\d) member (\d)", out))
+    assert groups == [("0", "2", "1"), ("1", "2", "1"), ("2", "1", "0")], out  # the group made again after the grow
     print("grow(1) took " + re.search(r"grew to 3 rank\(s\) in (\S+) s", out).group(1) + " s")
 
 
@@ -318,3 +326,50 @@ def test_below_min_np_every_survivor_ends_with_a_clear_error(tmp_path):
                         r"least 3 \(min_size, pycomm-run --min-np\)", out)
     assert len(errors) == 2, out  # on both survivors
     assert "final-size" not in out and "grew back" not in out, out
+
+
+@needs_ulfm
+@pytest.mark.mpi
+def test_torch_distributed_default_group_is_rebuilt_on_the_survivors(tmp_path):
+    # A DDP-style loop on torch.distributed's "pycomm" backend: after rank 2 dies, elastic.run makes the
+    # default group again on the 3 survivors (a new rendezvous agreed over MPI), and dist's collectives
+    # and world size follow the new world.
+    script = tmp_path / "c10d.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, torch, torch.distributed as dist, pycomm, pycomm.elastic as elastic
+        import pycomm.distributed  # registers "pycomm"; starts pycomm, elastic as PYCOMM_ELASTIC=1 says
+        pycomm.init(elastic=True)  # already running so: a no-op
+        start_rank = pycomm.rank()
+        dist.init_process_group("pycomm")
+        model = torch.nn.Linear(4, 2)
+        state = elastic.TorchState(model, None, step=0)
+        sizes = []
+
+        @elastic.run(state)
+        def train(state):
+            while state.step < 12:
+                if start_rank == 2 and state.step == 5:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                n = dist.get_world_size()
+                t = torch.full((5,), float(dist.get_rank() + 1))
+                dist.all_reduce(t)
+                assert t.tolist() == [n * (n + 1) / 2] * 5, (t, n)
+                with torch.no_grad():
+                    for p in model.parameters():
+                        dist.all_reduce(p)
+                        p.div_(n).add_(0.01)
+                sizes.append(n)
+                state.step += 1
+                state.commit()
+
+        train()
+        w = model.weight.detach().clone()
+        dist.broadcast(w, src=0)
+        print(f"rank {start_rank} done dist-size {dist.get_world_size()} pycomm-size {pycomm.size()} "
+              f"sizes {sorted(set(sizes))} same {torch.equal(w, model.weight)}", flush=True)
+        dist.destroy_process_group()
+    """))
+    rc, out = run_elastic(4, [str(script)], env={"PYCOMM_ELASTIC": "1"})  # as pycomm-run --elastic sets it
+    print(out)
+    for r in (0, 1, 3):
+        assert f"rank {r} done dist-size 3 pycomm-size 3 sizes [3, 4] same True" in out, out

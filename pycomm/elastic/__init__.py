@@ -63,7 +63,7 @@ def grow(k: int, command: Optional[Sequence[str]] = None, info: Optional[Dict[st
     raises WorldGrown after the job grew, and run() returns every rank, new ones included, to the last
     commit (commit just before growing to lose nothing) and calls the function again. Outside run() it
     returns the Growth; the new ranks then meet the old ones at their first collective (run()'s entry
-    syncs the state from rank 0). Process groups are lost with the old world, as after a recovery.
+    syncs the state from rank 0). Process groups are made again with the same ranks, as after a recovery.
     """
     growth = spawn_and_restart(k, command, info)
     growths.append(growth)
@@ -90,12 +90,12 @@ def _bounds(min_size: Optional[int], max_size: Optional[int]):
 
 
 def _rebuild_frameworks() -> None:
-    """After the world changed: the torch.distributed default group and pycomm.horovod's process sets
-    that were built on the old world (docs/elastic.md)."""
+    """After the world changed: the torch.distributed default group, made again on the new world, and
+    pycomm.horovod's process sets, which follow their pycomm groups' new ranks (docs/elastic.md)."""
     if "pycomm.distributed.backend" in sys.modules:
         sys.modules["pycomm.distributed.backend"].rebuild_after_world_change()
     if "pycomm.horovod.process_sets" in sys.modules:
-        sys.modules["pycomm.horovod.process_sets"].lose_after_world_change()
+        sys.modules["pycomm.horovod.process_sets"].follow_world_change()
 
 
 def run(state: State, min_size: Optional[int] = None, max_size: Optional[int] = None) -> Callable:

@@ -80,7 +80,8 @@ def spawn_and_restart(k: int, command: Optional[Sequence[str]] = None,
 
     command: the new processes' command line (default: job_command(), the job's own). info: MPI_Info keys
     for the spawn, over spawn_info()'s. The old ranks keep their ranks; the new ones follow them.
-    Process groups are lost with the old world, as after a recovery. Raises CommError outside elastic mode.
+    Process groups are made again on the grown world with the same ranks (the new ranks are outside
+    them), as after a recovery. Raises CommError outside elastic mode.
     """
     st = elastic_state("pycomm.elastic.grow")
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
@@ -94,6 +95,8 @@ def spawn_and_restart(k: int, command: Optional[Sequence[str]] = None,
     options = {k_: v for k_, v in _C.get_options().items() if k_ != "auto_table"}
     # The engine owns the world's communicators while it runs: stop it (its shutdown round finishes the
     # queued operations) before the spawn uses them from here.
+    made = groups.snapshot()
+    old_world_group = st.world.Get_group()
     _C.engine_stop()
     for gid in sorted(groups._live):  # every member stops and frees its groups in the same order
         _C.group_engine_stop(gid)
@@ -115,6 +118,8 @@ def spawn_and_restart(k: int, command: Optional[Sequence[str]] = None,
         st.world = st.local = st.cross = st.control = st.topology = None
         runtime._start(world, st.ranks_per_node, True)
         _C.set_options({**_C.get_options(), **options})
+        groups.rebuild(made, old_world_group)
+        old_world_group.Free()
         raise
     finally:
         mpi_info.Free()
@@ -126,4 +131,6 @@ def spawn_and_restart(k: int, command: Optional[Sequence[str]] = None,
     merged.bcast(config if merged.rank == 0 else None, root=0)  # the new ranks' runtime._join receives it
     runtime._start(merged, config["ranks_per_node"], True)
     _C.set_options({**_C.get_options(), **options})
+    groups.rebuild(made, old_world_group)
+    old_world_group.Free()
     return Growth(k, size_before, st.topology.size, time.perf_counter() - start)

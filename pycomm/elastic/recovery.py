@@ -5,8 +5,8 @@ communicators, stop the engine (its last round fails at once: the failure is
 remembered, csrc/comm/fault.h), shrink the world to the live ranks and build
 everything pycomm keeps on it again: the world, control, node and cross-node
 communicators, the topology, the engine with its shared-memory window, and
-the agreed tune table (pycomm.runtime._start). Process groups are lost with
-the old world: their engines stop, and using one afterwards raises CommError.
+the agreed tune table (pycomm.runtime._start), and every process group with
+its surviving ranks (pycomm.groups.rebuild).
 """
 from __future__ import annotations
 
@@ -86,6 +86,7 @@ def shrink_and_restart() -> Recovery:
     # The options set_options gave the old engine (pycomm.horovod's pair_by_name, say), without the
     # tune table: that one is agreed again for the new shape.
     options = {k: v for k, v in _C.get_options().items() if k != "auto_table"}
+    made = groups.snapshot()
     _revoke((st.world, st.control, st.local, st.cross))
     _revoke([c for comms in groups._live.values() for c in comms])
     _stop_engine()
@@ -98,6 +99,7 @@ def shrink_and_restart() -> Recovery:
         try:
             runtime._start(shrunk, ranks_per_node, True)
             _C.set_options({**_C.get_options(), **options})
+            groups.rebuild(made, before)
         except Exception as error:  # a death during the restart
             if not is_rank_failure(error):
                 raise
@@ -107,6 +109,7 @@ def shrink_and_restart() -> Recovery:
         if agree(shrunk, started):
             break
         _revoke((shrunk, st.world, st.control, st.local, st.cross))
+        _revoke([c for comms in groups._live.values() for c in comms])
         _stop_engine()
         st.world = st.local = st.cross = st.control = st.topology = None
         base = shrunk

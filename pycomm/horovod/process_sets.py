@@ -28,7 +28,7 @@ class ProcessSet:
         self.ranks: Optional[List[int]] = None if ranks_or_comm is None else sorted(int(r) for r in ranks_or_comm)
         self.process_set_id: Optional[int] = None
         self._group: Optional["pycomm.ProcessGroup"] = None
-        self._lost = False  # registered on a world that pycomm.elastic replaced (lose_after_world_change)
+        self._lost = False  # every rank of it died and pycomm.elastic replaced the world (follow_world_change)
 
     def _global(self) -> bool:
         return self is global_process_set
@@ -50,9 +50,9 @@ class ProcessSet:
 
     def _check(self, what: str) -> None:
         if self._lost:
-            raise pycomm.CommError(f"hvd.ProcessSet({self.ranks}).{what}(): the set was built before the job changed "
-                                   "size (a recovery or grow of pycomm.elastic) and its ranks are gone with that "
-                                   "world; add the process set again with hvd.add_process_set (in a reset callback)")
+            raise pycomm.CommError(f"hvd.ProcessSet({self.ranks}).{what}(): every rank of the set died and pycomm.elastic "
+                                   "went on without them; add a process set again with hvd.add_process_set "
+                                   "(in a reset callback)")
         if self._group is None:
             raise ValueError(f"hvd.ProcessSet({self.ranks}).{what}(): the set is not registered; call "
                              "hvd.add_process_set() on every rank first")
@@ -107,12 +107,16 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     return True
 
 
-def lose_after_world_change() -> None:
-    """pycomm.elastic shrank or grew the job: the registered sets' groups were lost with the old world (their
-    ranks meant ranks of that world). Every later use of one raises CommError saying to add it again."""
-    for ps in _registered:
-        ps._group, ps.process_set_id, ps._lost = None, None, True
-    _registered.clear()
+def follow_world_change() -> None:
+    """pycomm.elastic shrank or grew the job and made every group again with its surviving ranks
+    (pycomm.groups.rebuild): each registered set takes its group's new ranks, in the new world's
+    numbering. A set whose ranks all died is lost: using it raises CommError saying to add it again."""
+    for ps in list(_registered):
+        if ps._group.ranks:
+            ps.ranks = list(ps._group.ranks)
+        else:
+            ps._group, ps.process_set_id, ps._lost = None, None, True
+            _registered.remove(ps)
 
 
 def _remove_all() -> None:

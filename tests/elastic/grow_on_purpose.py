@@ -3,7 +3,9 @@
 Run by tests/test_elastic.py under `mpirun --with-ft ulfm`. Every rank prints
   rank R joined J size N          (at start; J: started by grow)
   rank R final-size N step S sha SHA allreduce A
-where A is an allreduce of ones over the final world (it must equal N).
+  rank R group-sum G member M
+where A is an allreduce of ones over the final world (it must equal N), and G one over the group of the
+first two ranks, made before the grow and made again after it (2 on its members, 1 elsewhere).
 """
 import hashlib
 import os
@@ -24,6 +26,7 @@ torch.manual_seed(pycomm.rank())  # different on every rank: sync() must make th
 model = torch.nn.Linear(8, 2)
 optimizer = pycomm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters())
 state = elastic.TorchState(model, optimizer, step=0)
+group = pycomm.new_group([0, 1])  # collective over its members only: a joined rank is outside it
 resets = []
 state.register_reset_callbacks([lambda: resets.append(pycomm.size())])
 
@@ -50,3 +53,7 @@ pycomm.allreduce(t, op="sum")
 digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
 print(f"rank {pycomm.rank()} final-size {pycomm.size()} step {state.step} sha {digest} allreduce {int(t.item())} "
       f"resets {resets} growths {elastic.growths}", flush=True)
+g = torch.ones(1)
+if group.is_member:
+    pycomm.allreduce(g, op="sum", group=group)
+print(f"rank {pycomm.rank()} group-sum {int(g.item())} member {int(group.is_member)}", flush=True)
