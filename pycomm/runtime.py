@@ -322,6 +322,12 @@ def is_initialized() -> bool:
     return _state.topology is not None
 
 
+def joined() -> bool:
+    """Whether this process was started by pycomm.elastic.grow and joined a running job: the ranks that
+    were there wait at pycomm.elastic.run's entry, which syncs the state from rank 0."""
+    return _state.joined
+
+
 def topology() -> Topology:
     if _state.topology is None:
         raise CommError("pycomm is not initialized: call pycomm.init() first")

@@ -51,7 +51,7 @@ class WorldGrown(Exception):
 def joined() -> bool:
     """Whether this process was started by grow() and joined a running job (its pycomm.init(elastic=True)
     merged it in, after the ranks that were there)."""
-    return runtime._state.joined
+    return runtime.joined()
 
 
 def grow(k: int, command: Optional[Sequence[str]] = None, info: Optional[Dict[str, str]] = None) -> Growth:

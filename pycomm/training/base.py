@@ -24,7 +24,7 @@ import torch
 
 from .. import collectives
 from ..optimizer import broadcast_parameters, ring_bytes_sent
-from ..runtime import size, topology
+from ..runtime import joined, size, topology
 
 
 class JobConfigError(ValueError):
@@ -65,8 +65,10 @@ class Algorithm:
         self.num_syncs = 0      # synchronizations (allreduce rounds) performed
         self.bytes_reduced = 0  # payload bytes averaged
         self.bytes_sent = 0     # per-rank bytes on the wire, ring estimate 2(N-1)/N * S
-        # Every rank starts from rank 0's model.
-        broadcast_parameters(model.state_dict(), root=0)
+        # Every rank starts from rank 0's model. A rank that pycomm.elastic.grow started does not take part:
+        # the ranks already there wait in pycomm.elastic.run, whose entry syncs the whole state from rank 0.
+        if not joined():
+            broadcast_parameters(model.state_dict(), root=0)
         self._eval_model: Optional[torch.nn.Module] = None
 
     # -- the training-loop contract ---------------------------------------

@@ -48,19 +48,15 @@ class _AlgorithmState:
 
 def train_elastic(args) -> Dict[str, Any]:
     """Run the training described by parsed `args` in elastic mode; returns the summary (on every survivor)."""
-    if os.environ.get(elastic.MAX_NP_ENV):
-        # A spawned rank runs this file from the top, and the algorithm's constructor below already
-        # communicates (it broadcasts the model), which the old ranks, inside elastic.run, never match.
-        raise UsageError(f"pycomm-train --elastic shrinks after a rank dies but does not grow back yet "
-                         f"({elastic.MAX_NP_ENV} is set by pycomm-run --max-np): run without --max-np "
-                         f"(--min-np alone works; docs/elastic.md)")
     try:
         data = load_dataset(args.dataset)
     except (DataError, ValueError) as e:
         raise UsageError(str(e)) from None
     pycomm.init(elastic=True)
     start_rank = pycomm.rank()  # this process's rank in the job as launched (ranks renumber after a shrink)
-    kill_rank, kill_step = args.kill_at_step if args.kill_at_step else (-1, -1)
+    # A rank that grow started (pycomm-run --max-np) runs this command line too, --kill-at-step included;
+    # it may have the victim's rank and resumes at the victim's step: it must not die again.
+    kill_rank, kill_step = args.kill_at_step if args.kill_at_step and not elastic.joined() else (-1, -1)
     torch.manual_seed(args.seed)
     model = build_model(args.model, data.input_shape, data.num_classes)
     try:
@@ -139,6 +135,8 @@ def train_elastic(args) -> Dict[str, Any]:
         "model_sha256": digest, "models_identical": len(set(digests)) == 1,
         "recoveries": [{"lost_ranks": list(r.lost), "size_before": r.size_before, "size_after": r.size_after,
                         "seconds": round(r.seconds, 4)} for r in elastic.recoveries],
+        "growths": [{"added": g.added, "size_before": g.size_before, "size_after": g.size_after,
+                     "seconds": round(g.seconds, 4)} for g in elastic.growths],
         "wall_time_s": round(time.perf_counter() - t_start, 3),
     }
     if pycomm.rank() == 0:
