@@ -365,6 +365,49 @@ def test_below_min_np_every_survivor_ends_with_a_clear_error(tmp_path):
 
 @needs_ulfm
 @pytest.mark.mpi
+def test_a_death_during_a_fused_batch(tmp_path):
+    # Every step queues 40 small allreduces that the engine fuses into one batch; rank 1 dies with its
+    # part of a batch submitted and not waited on. Every survivor's handles of that batch fail with
+    # RanksFailedError naming rank 1, the job recovers on 3 ranks, and the fused batches after it sum
+    # over the survivors.
+    script = tmp_path / "fused.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, time, torch, pycomm, pycomm.elastic as elastic
+        pycomm.init(elastic=True)
+        start_rank = pycomm.rank()
+        state = elastic.State(step=0)
+        failures = []
+
+        @elastic.run(state)
+        def train(state):
+            while state.step < 15:
+                n = pycomm.size()
+                xs = [torch.full((7 + i,), float(pycomm.rank() + 1)) for i in range(40)]
+                handles = [pycomm.allreduce_async(x, op="sum", name=f"fused.{i}") for i, x in enumerate(xs)]
+                if start_rank == 1 and state.step == 6:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                try:
+                    for h in handles:
+                        h.wait()
+                except pycomm.RanksFailedError as e:
+                    failures.append((list(e.ranks), type(e).__name__))
+                    raise
+                for x in xs:
+                    assert x.tolist() == [n * (n + 1) / 2] * x.numel(), (x, n)
+                state.step += 1
+                state.commit()
+
+        train()
+        print(f"rank {start_rank} failures {failures} done size {pycomm.size()} step {state.step}", flush=True)
+    """))
+    rc, out = run_elastic(4, [str(script)])
+    print(out)
+    for r in (0, 2, 3):
+        assert f"rank {r} failures [([1], 'RanksFailedError')] done size 3 step 15" in out, out
+
+
+@needs_ulfm
+@pytest.mark.mpi
 def test_torch_distributed_default_group_is_rebuilt_on_the_survivors(tmp_path):
     # A DDP-style loop on torch.distributed's "pycomm" backend: after rank 2 dies, elastic.run makes the
     # default group again on the 3 survivors (a new rendezvous agreed over MPI), and dist's collectives
