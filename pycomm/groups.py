@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 from . import _C
-from .runtime import CommError, Topology, mpi, topology, world_comm
+from .runtime import CommError, Topology, mpi, node_topology, start_engine, topology, world_comm
 
 _ids = itertools.count(1)
 _live = {}  # id -> communicators of groups this rank belongs to (kept until destroy_group)
@@ -90,17 +90,8 @@ def _build(gid: int, ranks: List[int]):
     control = comm.Dup()
     # Nodes as the world sees them (shared memory or PYCOMM_RANKS_PER_NODE).
     local = comm.Split(color=world_topo.node_rank, key=comm.rank)
-    leader = local.bcast(comm.rank, root=0)
-    leaders = comm.allgather(leader)
-    node_ids = sorted(set(leaders))
-    node_rank = node_ids.index(leader)
-    local_sizes = comm.allgather(local.size)
-    cross = comm.Split(color=local.rank, key=node_rank)
-    topo = Topology(rank=comm.rank, size=comm.size, local_rank=local.rank, local_size=local.size,
-                    node_rank=node_rank, num_nodes=len(node_ids), homogeneous=len(set(local_sizes)) == 1,
-                    virtual_nodes=world_topo.virtual_nodes)
-    _C.group_engine_start(gid, comm.py2f(), local.py2f(), cross.py2f(), control.py2f(), topo.rank, topo.size,
-                          topo.local_rank, topo.local_size, topo.node_rank, topo.num_nodes, topo.homogeneous)
+    cross, topo = node_topology(comm, local, world_topo.virtual_nodes)
+    start_engine(gid, comm, local, cross, control, topo)
     _live[gid] = (comm, local, cross, control)
     return comm.rank, topo, _live[gid]
 
@@ -140,7 +131,7 @@ def destroy_group(group: ProcessGroup) -> None:
     group._destroyed = True  # on non-members too: pycomm.elastic does not make it again
     if not group.is_member or not group._comms:
         return
-    _C.group_engine_stop(group.id)
+    _C.engine_stop(group.id)
     _live.pop(group.id, None)
     MPI = mpi()
     if not MPI.Is_finalized():

@@ -202,6 +202,30 @@ def _join(parent) -> Topology:
     return topo
 
 
+def node_topology(comm, local, virtual_nodes: bool):
+    """The nodes of `comm` (the world, or a process group), given its node-local communicator `local`:
+    returns (cross, topology), cross joining the ranks of equal local rank across nodes. A node is named
+    by the comm rank of its local rank 0, and nodes are numbered in the order of those ranks. Collective
+    over comm."""
+    leader = local.bcast(comm.rank, root=0)
+    leaders = comm.allgather(leader)
+    node_ids = sorted(set(leaders))
+    node_rank = node_ids.index(leader)
+    local_sizes = comm.allgather(local.size)
+    cross = comm.Split(color=local.rank, key=node_rank)
+    topo = Topology(rank=comm.rank, size=comm.size, local_rank=local.rank, local_size=local.size,
+                    node_rank=node_rank, num_nodes=len(node_ids), homogeneous=len(set(local_sizes)) == 1,
+                    virtual_nodes=virtual_nodes)
+    return cross, topo
+
+
+def start_engine(group_id: int, comm, local, cross, control, topo: Topology, options: Optional[dict] = None) -> None:
+    """Start engine `group_id` (0: the world, with `options`; a process group takes the world engine's
+    options) on its communicators."""
+    _C.engine_start(group_id, comm.py2f(), local.py2f(), cross.py2f(), control.py2f(), topo.rank, topo.size,
+                    topo.local_rank, topo.local_size, topo.node_rank, topo.num_nodes, topo.homogeneous, options)
+
+
 def _start(base, ranks_per_node: Optional[int], elastic: bool) -> Topology:
     """Build pycomm's communicators over `base` (COMM_WORLD, or a world shrunk by pycomm.elastic) and
     start the engine on them. Collective over `base`."""
@@ -220,15 +244,7 @@ def _start(base, ranks_per_node: Optional[int], elastic: bool) -> Topology:
     else:
         local = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
 
-    # A node is named by the world rank of its local rank 0; nodes are numbered
-    # in the order of those ranks.
-    leader = local.bcast(world.rank, root=0)
-    leaders = world.allgather(leader)
-    node_ids = sorted(set(leaders))
-    node_rank = node_ids.index(leader)
-    local_sizes = world.allgather(local.size)
-    cross = world.Split(color=local.rank, key=node_rank)
-
+    cross, topo = node_topology(world, local, virtual)
     if elastic:
         # Failures come back as error codes (the engine turns them into RanksFailedError), never abort.
         for c in (world, control, local, cross):
@@ -236,21 +252,7 @@ def _start(base, ranks_per_node: Optional[int], elastic: bool) -> Topology:
         _C.fault_enable(world.py2f())
         for c in (control, local, cross):
             _C.fault_watch(c.py2f())
-    topo = Topology(
-        rank=world.rank,
-        size=world.size,
-        local_rank=local.rank,
-        local_size=local.size,
-        node_rank=node_rank,
-        num_nodes=len(node_ids),
-        homogeneous=len(set(local_sizes)) == 1,
-        virtual_nodes=virtual,
-    )
-    _C.engine_start(
-        world.py2f(), local.py2f(), cross.py2f(), control.py2f(),
-        topo.rank, topo.size, topo.local_rank, topo.local_size, topo.node_rank, topo.num_nodes, topo.homogeneous,
-        options_from_env(),
-    )
+    start_engine(0, world, local, cross, control, topo, options_from_env())
     _state.world, _state.local, _state.cross, _state.control, _state.topology = world, local, cross, control, topo
     _state.elastic, _state.ranks_per_node = elastic, ranks_per_node
     # Measured crossovers for algorithm="auto", if pycomm-tune stored some: rank

@@ -18,25 +18,20 @@ namespace py = pybind11;
 namespace pycomm {
 namespace bindings {
 namespace {
-std::unique_ptr<comm::Engine> g_engine;
+// One engine per group, each on its group's own communicators: group 0 is the world (pycomm/runtime.py),
+// the others are process groups (pycomm/groups.py). All start and stop through engine_start/engine_stop.
+std::map<int64_t, std::unique_ptr<comm::Engine>> g_engines;
 std::mutex g_engine_mu;
-// Process groups other than the world: one engine each, on the group's own
-// communicators (pycomm/groups.py). Keyed by a group id > 0.
-std::map<int64_t, std::unique_ptr<comm::Engine>> g_groups;
 }  // namespace
 
-comm::Engine& engine() {
-  if (!g_engine) throw comm::CommError("pycomm is not initialized: call pycomm.init() first");
-  return *g_engine;
-}
+comm::Engine& engine() { return engine_of(0); }
 
 comm::Engine& engine_of(int64_t group) {
-  if (group == 0) return engine();
-  auto it = g_groups.find(group);
-  if (it == g_groups.end())
-    throw comm::CommError("pycomm process group " + std::to_string(group) + " is not running (destroyed, or this "
-                          "rank is not a member)");
-  return *it->second;
+  auto it = g_engines.find(group);
+  if (it != g_engines.end()) return *it->second;
+  if (group == 0) throw comm::CommError("pycomm is not initialized: call pycomm.init() first");
+  throw comm::CommError("pycomm process group " + std::to_string(group) + " is not running (destroyed, or this "
+                        "rank is not a member)");
 }
 
 namespace {
@@ -424,23 +419,37 @@ std::shared_ptr<Handle> alltoall_async(const at::Tensor& input, const std::vecto
 
 }  // namespace
 
-void start_group_engine(int64_t group, const comm::Topology& t, MPI_Comm control, bool homogeneous) {
+// Group 0 takes `options`; a process group, the world engine's options at its creation.
+void start_engine(int64_t group, const comm::Topology& t, MPI_Comm control, bool homogeneous,
+                  const py::object& options) {
   std::lock_guard<std::mutex> lock(g_engine_mu);
-  if (group <= 0) throw comm::CommError("process group ids start at 1");
-  if (g_groups.count(group)) throw comm::CommError("pycomm process group " + std::to_string(group) + " exists");
-  g_groups[group] = std::make_unique<comm::Engine>(t, control, homogeneous, engine().options());
+  if (group < 0) throw comm::CommError("pycomm engine ids are 0 (the world) and process group ids from 1");
+  if (g_engines.count(group))
+    throw comm::CommError(group == 0 ? std::string("pycomm engine already started")
+                                     : "pycomm process group " + std::to_string(group) + " exists");
+  comm::EngineOptions o;
+  if (group == 0) {
+    o = options.is_none() ? comm::EngineOptions() : options_from(options.cast<py::dict>(), comm::EngineOptions());
+  } else {
+    auto world = g_engines.find(0);
+    if (world == g_engines.end()) throw comm::CommError("pycomm is not initialized: call pycomm.init() first");
+    o = world->second->options();
+  }
+  g_engines[group] = std::make_unique<comm::Engine>(t, control, homogeneous, o);
 }
 
-void stop_group_engine(int64_t group) {
-  std::unique_ptr<comm::Engine> e;
+// Finish the queued operations of `group`'s engine and stop it; group < 0: every engine, the process
+// groups' first (they share the world's MPI types).
+void stop_engines(int64_t group) {
+  std::vector<std::unique_ptr<comm::Engine>> stopping;
   {
     std::lock_guard<std::mutex> lock(g_engine_mu);
-    auto it = g_groups.find(group);
-    if (it == g_groups.end()) return;
-    e = std::move(it->second);
-    g_groups.erase(it);
+    for (auto it = g_engines.rbegin(); it != g_engines.rend(); ++it)  // descending ids: the world last
+      if (group < 0 || it->first == group) stopping.push_back(std::move(it->second));
+    if (group < 0) g_engines.clear();
+    else g_engines.erase(group);
   }
-  e.reset();  // drains the queue, joins the worker
+  for (auto& e : stopping) e.reset();  // drains the queue, joins the worker
 }
 
 namespace {
@@ -466,23 +475,6 @@ void register_comm_ops(py::module_& m) {
         py::arg("blocking") = false, py::arg("group") = 0);
   m.def("alltoall_async", &alltoall_async, py::arg("input"), py::arg("splits"), py::arg("name") = "",
         py::arg("blocking") = false, py::arg("group") = 0);
-  m.def(
-      "group_engine_start",
-      [](int64_t group, int64_t world, int64_t local, int64_t cross, int64_t control, int rank, int size,
-         int local_rank, int local_size, int node_rank, int num_nodes, bool homogeneous) {
-        start_group_engine(group, topology_from(world, local, cross, rank, size, local_rank, local_size, node_rank,
-                                                num_nodes),
-                           MPI_Comm_f2c(static_cast<MPI_Fint>(control)), homogeneous);
-      },
-      "Start the engine of process group `group` (> 0) on its communicators (Fortran handles); it takes the "
-      "world engine's options.");
-  m.def(
-      "group_engine_stop",
-      [](int64_t group) {
-        py::gil_scoped_release release;
-        stop_group_engine(group);
-      },
-      "Finish the group's queued operations and stop its engine.");
   m.def("group_set_options", [](int64_t group, const py::dict& d) {
     engine_of(group).set_options(options_from(d, engine_of(group).options()));
   });
@@ -532,31 +524,29 @@ void register_comm(py::module_& m) {
 
   m.def(
       "engine_start",
-      [](int64_t world, int64_t local, int64_t cross, int64_t control, int rank, int size, int local_rank,
-         int local_size, int node_rank, int num_nodes, bool homogeneous, const py::dict& options) {
-        std::lock_guard<std::mutex> lock(g_engine_mu);
-        if (g_engine) throw comm::CommError("pycomm engine already started");
-        comm::Topology t;
-        t.world = MPI_Comm_f2c(static_cast<MPI_Fint>(world));
-        t.local = MPI_Comm_f2c(static_cast<MPI_Fint>(local));
-        t.cross = MPI_Comm_f2c(static_cast<MPI_Fint>(cross));
-        t.rank = rank;
-        t.size = size;
-        t.local_rank = local_rank;
-        t.local_size = local_size;
-        t.node_rank = node_rank;
-        t.num_nodes = num_nodes;
-        g_engine = std::make_unique<comm::Engine>(t, MPI_Comm_f2c(static_cast<MPI_Fint>(control)), homogeneous,
-                                                  options_from(options, comm::EngineOptions()));
+      [](int64_t group, int64_t world, int64_t local, int64_t cross, int64_t control, int rank, int size,
+         int local_rank, int local_size, int node_rank, int num_nodes, bool homogeneous, const py::object& options) {
+        start_engine(group, topology_from(world, local, cross, rank, size, local_rank, local_size, node_rank, num_nodes),
+                     MPI_Comm_f2c(static_cast<MPI_Fint>(control)), homogeneous, options);
       },
-      "Start the engine on communicators given as Fortran handles (mpi4py's Comm.py2f()).");
-  m.def("engine_stop", [] {
+      py::arg("group"), py::arg("world"), py::arg("local"), py::arg("cross"), py::arg("control"), py::arg("rank"),
+      py::arg("size"), py::arg("local_rank"), py::arg("local_size"), py::arg("node_rank"), py::arg("num_nodes"),
+      py::arg("homogeneous"), py::arg("options") = py::none(),
+      "Start the engine of `group` (0: the world, with `options`; a process group takes the world engine's) on "
+      "its communicators, given as Fortran handles (mpi4py's Comm.py2f()).");
+  m.def(
+      "engine_stop",
+      [](int64_t group) {
+        py::gil_scoped_release release;
+        stop_engines(group);
+      },
+      py::arg("group") = -1,
+      "Finish the queued operations of `group`'s engine and stop it; without a group, every engine (the world's "
+      "last).");
+  m.def("engine_running", [] {
     std::lock_guard<std::mutex> lock(g_engine_mu);
-    py::gil_scoped_release release;
-    g_groups.clear();  // group engines first: they share the world's MPI types
-    g_engine.reset();  // drains the queue, joins the worker
+    return g_engines.count(0) > 0;
   });
-  m.def("engine_running", [] { return static_cast<bool>(g_engine); });
   m.def("mpi_cuda_aware", [] { return comm::mpi_is_cuda_aware(); },
         "Whether MPI reads CUDA device memory itself (else device data is staged through pinned host buffers).");
   m.def("mpi_library_cuda_support", [] { return comm::mpi_library_cuda_support(); },

@@ -97,9 +97,8 @@ def spawn_and_restart(k: int, command: Optional[Sequence[str]] = None,
     # queued operations) before the spawn uses them from here.
     made = groups.snapshot()
     old_world_group = st.world.Get_group()
-    _C.engine_stop()
-    for gid in sorted(groups._live):  # every member stops and frees its groups in the same order
-        _C.group_engine_stop(gid)
+    _C.engine_stop()  # every engine: the groups' and the world's
+    for gid in sorted(groups._live):  # every member frees its groups' communicators in the same order
         for c in reversed(groups._live[gid]):
             c.Free()
     groups._live.clear()
