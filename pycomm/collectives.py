@@ -24,7 +24,9 @@ from .timeline import _profiler_enabled, profiled
 Handle = _C.Handle
 GroupHandle = _C.GroupHandle
 
-COMPRESSIONS = ("none", "fp16", "bf16", "onebit")  # pycomm/compression.py; more via compression.register()
+# The engine's compressions, from its table (csrc/comm/compressed_allreduce.cpp); more in Python through
+# pycomm.compression.register().
+COMPRESSIONS = ("none", *_C.engine_compressions())
 
 # (op, dtype) pairs allreduce accepts (check_op) and its algorithms: the fast paths' checks are set lookups.
 _VALID_OP_DTYPES = frozenset((op, dtype) for op in REDUCE_OPS for dtype in SUPPORTED_DTYPES

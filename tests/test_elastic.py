@@ -40,6 +40,15 @@ def run_elastic(np, args, env=None, timeout=180):
     return proc.returncode, out
 
 
+
+def elastic_script(tmp_path, name, body):
+    """A job script in tmp_path: `body` (dedented) after the lines every such script starts with, which
+    start pycomm in elastic mode and keep the rank it was launched with."""
+    path = tmp_path / name
+    path.write_text("import os, signal, time, torch, pycomm, pycomm.elastic as elastic\n"
+                    "pycomm.init(elastic=True)\nstart_rank = pycomm.rank()\n" + textwrap.dedent(body))
+    return path
+
 @needs_ulfm
 @pytest.mark.mpi
 @pytest.mark.parametrize("kill_rank", [0, 2])
@@ -253,12 +262,8 @@ def test_a_death_in_a_job_with_a_process_group(tmp_path):
     # the recovery the group is made again with its survivors, ranks 0 and 1 (numbered as the new world
     # numbers them), and the same handle works: its allreduce, a DistributedOptimizer over it and a
     # Horovod process set over the same ranks all follow the new size. Old rank 3 (now 2) stays outside.
-    script = tmp_path / "group.py"
-    script.write_text(textwrap.dedent("""
-        import os, signal, torch, pycomm, pycomm.elastic as elastic
+    script = elastic_script(tmp_path, "group.py", """
         import pycomm.horovod as hvd
-        pycomm.init(elastic=True)
-        start_rank = pycomm.rank()
         group = pycomm.new_group([0, 1, 2])
         pset = hvd.add_process_set([0, 1, 2])
         model = torch.nn.Linear(4, 2)
@@ -293,7 +298,7 @@ def test_a_death_in_a_job_with_a_process_group(tmp_path):
         pycomm.broadcast(w, root=0)
         print(f"rank {start_rank} group {list(group.ranks)} member {group.is_member} sizes {sorted(seen)} "
               f"set {pset.ranks} done size {pycomm.size()} same {torch.equal(w, model.weight)}", flush=True)
-    """))
+    """)
     rc, out = run_elastic(4, [str(script)])
     print(out)
     for r in (0, 1):
@@ -370,11 +375,7 @@ def test_a_death_during_a_fused_batch(tmp_path):
     # part of a batch submitted and not waited on. Every survivor's handles of that batch fail with
     # RanksFailedError naming rank 1, the job recovers on 3 ranks, and the fused batches after it sum
     # over the survivors.
-    script = tmp_path / "fused.py"
-    script.write_text(textwrap.dedent("""
-        import os, signal, time, torch, pycomm, pycomm.elastic as elastic
-        pycomm.init(elastic=True)
-        start_rank = pycomm.rank()
+    script = elastic_script(tmp_path, "fused.py", """
         state = elastic.State(step=0)
         failures = []
 
@@ -399,7 +400,7 @@ def test_a_death_during_a_fused_batch(tmp_path):
 
         train()
         print(f"rank {start_rank} failures {failures} done size {pycomm.size()} step {state.step}", flush=True)
-    """))
+    """)
     rc, out = run_elastic(4, [str(script)])
     print(out)
     for r in (0, 2, 3):

@@ -13,10 +13,9 @@ namespace bindings {
 namespace {
 
 comm::Compression parse_compression(const std::string& c) {
-  if (c == "fp16") return comm::Compression::FP16;
-  if (c == "bf16") return comm::Compression::BF16;
-  if (c == "onebit") return comm::Compression::ONEBIT;
-  throw py::value_error("unknown compression '" + c + "'; the engine runs fp16, bf16 and onebit");
+  comm::Compression id;
+  if (comm::compression_from_name(c, &id)) return id;
+  throw py::value_error("unknown compression '" + c + "'; the engine runs " + comm::compression_choices());
 }
 
 comm::Buffer float_buffer(const at::Tensor& t, const char* what) {
@@ -88,6 +87,14 @@ void register_compression(py::module_& m) {
         return py::make_tuple(l.padded, l.chunk);
       },
       py::arg("n"), py::arg("world"), "(padded n, chunk m): n padded to a multiple of 8*world, m = padded/world.");
+  m.def(
+      "engine_compressions",
+      [] {
+        py::list names;
+        for (const auto& e : comm::compression_table()) names.append(e.name);
+        return names;
+      },
+      "The compressions the engine runs, by name, in the order of its table (csrc/comm/compressed_allreduce.cpp).");
   m.def(
       "compressed_wire_bytes",
       [](const std::string& compression, size_t n, int world, int rank) {

@@ -275,11 +275,10 @@ class P2PWork : public c10d::Work {
 ProcessGroupPycomm::ProcessGroupPycomm(int rank, int size, int64_t group, MPI_Comm p2p,
                                        const std::string& compression)
     : c10d::Backend(rank, size), group_(group), p2p_(p2p) {
-  if (compression == "fp16") compression_ = static_cast<int>(comm::Compression::FP16);
-  else if (compression == "bf16") compression_ = static_cast<int>(comm::Compression::BF16);
-  else if (compression == "onebit") compression_ = static_cast<int>(comm::Compression::ONEBIT);
+  comm::Compression id;
+  if (comm::compression_from_name(compression, &id)) compression_ = static_cast<int>(id);
   else TORCH_CHECK_VALUE(compression.empty() || compression == "none", "pycomm backend: PYCOMM_COMPRESSION='",
-                         compression, "' is not a compression; choose none, fp16, bf16 or onebit");
+                         compression, "' is not a compression; choose none, ", comm::compression_choices());
 }
 
 std::string ProcessGroupPycomm::compression() const {

@@ -22,13 +22,35 @@
 
 namespace pycomm {
 namespace comm {
+const std::vector<CompressionEntry>& compression_table() {
+  static const std::vector<CompressionEntry> table = {
+      {Compression::FP16, "fp16"},
+      {Compression::BF16, "bf16"},
+      {Compression::ONEBIT, "onebit"},
+  };
+  return table;
+}
+
 const char* compression_name(Compression c) {
-  switch (c) {
-    case Compression::FP16: return "fp16";
-    case Compression::BF16: return "bf16";
-    case Compression::ONEBIT: return "onebit";
-  }
+  for (const auto& e : compression_table())
+    if (e.id == c) return e.name;
   return "unknown";
+}
+
+bool compression_from_name(const std::string& name, Compression* out) {
+  for (const auto& e : compression_table())
+    if (name == e.name) {
+      *out = e.id;
+      return true;
+    }
+  return false;
+}
+
+std::string compression_choices() {
+  std::string s;
+  const auto& t = compression_table();
+  for (size_t i = 0; i < t.size(); ++i) s += (i == 0 ? "" : i + 1 == t.size() ? " or " : ", ") + std::string(t[i].name);
+  return s;
 }
 
 OneBitLayout onebit_layout(size_t n, int world) {

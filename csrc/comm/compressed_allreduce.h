@@ -34,13 +34,29 @@
 #include <memory>
 #include <string>
 
+#include <string>
+#include <vector>
+
 #include "common.h"
 
 namespace pycomm {
 namespace comm {
 
 enum class Compression : int32_t { FP16 = 1, BF16 = 2, ONEBIT = 3 };
+
+// The engine's compressions, one row each: the bindings, the c10d backend and (through
+// _C.engine_compressions) pycomm.collectives.COMPRESSIONS all read this table. "none" is no row: it is
+// the uncompressed allreduce.
+struct CompressionEntry {
+  Compression id;
+  const char* name;
+};
+const std::vector<CompressionEntry>& compression_table();
 const char* compression_name(Compression c);
+// The row named `name`; false if the engine has no such compression.
+bool compression_from_name(const std::string& name, Compression* out);
+// "fp16, bf16 or onebit": the table's names, for error messages.
+std::string compression_choices();
 
 // What one compressed allreduce reports once it is done.
 struct CompressedStats {

@@ -15,7 +15,7 @@ from typing import Dict
 
 import torch.distributed as dist
 
-from .. import _C
+from .. import _C, collectives
 from ..groups import ProcessGroup, new_group
 from ..runtime import CommError, init, topology, world_comm
 
@@ -49,7 +49,7 @@ def _create(dist_backend_opts, backend_options):
     return _C.ProcessGroupPycomm(rank, size, gid, p2p.py2f(), compression)
 
 
-COMPRESSIONS = ("none", "fp16", "bf16", "onebit")
+COMPRESSIONS = collectives.COMPRESSIONS  # the engine's table
 
 
 def _compression() -> str:
