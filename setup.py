@@ -129,30 +129,19 @@ def cuda_library_includes():
 
 
 def check_libstdcxx_linkage():
-    """Refuse a C++ compiler that links libstdc++ statically (seen on a GPU machine: a toolchain
-    under /opt/gcc first on PATH). torch loads the system's shared libstdc++; a second, static copy
-    inside pycomm._C crashed in its uninitialised locale at the first ostream use in pycomm.init().
-    The probe is a shared object that uses an ostream; set CXX (and CC, nvcc's host compiler) to a
-    compiler that links the shared library, such as the system's /usr/bin/g++."""
+    """Refuse a C++ compiler that links libstdc++ statically (pycomm/tools/cxx_check.py says why): set CXX
+    (and CC, nvcc's host compiler) to one that links the shared library, such as /usr/bin/g++."""
+    import importlib.util
     import sysconfig
-    import tempfile
 
+    spec = importlib.util.spec_from_file_location("cxx_check", os.path.join(HERE, "pycomm", "tools", "cxx_check.py"))
+    cxx_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cxx_check)
     cxx = os.environ.get("CXX") or (sysconfig.get_config_var("CXX") or "c++").split()[0]
-    cxx_path = shutil.which(cxx)
-    readelf = shutil.which("readelf")
-    if not cxx_path or not readelf:
-        return
-    with tempfile.TemporaryDirectory() as d:
-        src, lib = os.path.join(d, "probe.cpp"), os.path.join(d, "probe.so")
-        with open(src, "w") as f:
-            f.write("#include <sstream>\nstd::string probe(long x) { std::ostringstream s; s << x; return s.str(); }\n")
-        if subprocess.run([cxx_path, "-shared", "-fPIC", src, "-o", lib], capture_output=True).returncode != 0:
-            return  # not a compiler this probe understands: the build itself will say what is wrong
-        needed = subprocess.run([readelf, "-d", lib], capture_output=True, text=True).stdout
-    if "libstdc++" not in needed:
-        sys.exit(f"pycomm: the C++ compiler {cxx_path} links libstdc++ statically, so pycomm._C would carry a "
-                 "second copy of it beside the one torch loads (it crashes at pycomm.init). Build with a compiler "
-                 "that links the shared library, e.g. CXX=/usr/bin/g++ CC=/usr/bin/gcc.")
+    if cxx_check.links_libstdcxx_shared(cxx) is False:  # None: the probe cannot tell; the build will say
+        sys.exit(f"pycomm: the C++ compiler {shutil.which(cxx)} links libstdc++ statically, so pycomm._C would "
+                 "carry a second copy of it beside the one torch loads (it crashes at pycomm.init). Build with a "
+                 "compiler that links the shared library, e.g. CXX=/usr/bin/g++ CC=/usr/bin/gcc.")
 
 
 def extension():

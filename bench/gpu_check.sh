@@ -180,21 +180,15 @@ ARCH="$("$PY" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability
 export CUDA_HOME PYCOMM_CUDA=1 TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="${MAX_JOBS:-$(env -u OMP_NUM_THREADS nproc)}"  # nproc alone counts OMP_NUM_THREADS=1
 echo "TORCH_CUDA_ARCH_LIST=$ARCH MAX_JOBS=$MAX_JOBS" >>"$LOG"
 
-# The C++ compiler must link libstdc++ dynamically: torch loads the system's, and a second, static
-# copy inside _C (some toolchains link it statically by default) crashes in its uninitialised
-# locale at the first ostream use. Probe with a shared object that uses an ostream; if this compiler links it
-# statically, use the system's g++ (and gcc as nvcc's host compiler) instead.
-links_libstdcxx_dynamically() {
-  local d; d="$(mktemp -d)"
-  printf '#include <sstream>\nstd::string pycomm_probe(long x) { std::ostringstream s; s << x; return s.str(); }\n' >"$d/p.cpp"
-  "$1" -shared -fPIC "$d/p.cpp" -o "$d/p.so" >/dev/null 2>&1 && readelf -d "$d/p.so" | grep -q 'libstdc++'
-  local rc=$?; rm -rf "$d"; return $rc
-}
+# The C++ compiler must link libstdc++ as a shared library, as torch does (pycomm/tools/cxx_check.py
+# says why; setup.py refuses one that does not). If the first one links it statically, use the
+# system's g++ (and its gcc as nvcc's host compiler) instead.
+links_libstdcxx_shared() { "$PY" pycomm/tools/cxx_check.py "$1"; }
 CXX_NOW="${CXX:-$(command -v c++ || command -v g++)}"
-if ! links_libstdcxx_dynamically "$CXX_NOW"; then
+if ! links_libstdcxx_shared "$CXX_NOW"; then
   echo "$CXX_NOW links libstdc++ statically ($(readlink -f "$CXX_NOW"))" >>"$LOG"
   for c in /usr/bin/g++ /usr/bin/g++-*; do
-    if [ -x "$c" ] && links_libstdcxx_dynamically "$c"; then
+    if [ -x "$c" ] && links_libstdcxx_shared "$c"; then
       export CXX="$c" CC="${c/g++/gcc}" NVCC_CCBIN="${c/g++/gcc}"
       echo "using CXX=$CXX CC=$CC instead" >>"$LOG"
       break
@@ -203,9 +197,6 @@ if ! links_libstdcxx_dynamically "$CXX_NOW"; then
 fi
 echo "C++ compiler: ${CXX:-$CXX_NOW} ($("${CXX:-$CXX_NOW}" --version | head -n 1))" >>"$LOG"
 run build "$PY" setup.py build_ext --inplace
-if ! readelf -d pycomm/_C*.so | grep -q 'libstdc++'; then
-  echo "pycomm/_C has libstdc++ linked in statically; torch loads the shared one" >>"$LOG"
-fi
 
 import_step() {
   "$PY" -c 'import pycomm; assert pycomm._C.cuda_built, "built without CUDA"; print("cuda_built", True)' || return 1

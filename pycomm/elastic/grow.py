@@ -115,10 +115,7 @@ def spawn_and_restart(k: int, command: Optional[Sequence[str]] = None,
         # death here fails that restart too, and its error follows this one), and the error propagates.
         world = st.world
         st.world = st.local = st.cross = st.control = st.topology = None
-        runtime._start(world, st.ranks_per_node, True)
-        _C.set_options({**_C.get_options(), **options})
-        groups.rebuild(made, old_world_group)
-        old_world_group.Free()
+        _restart(world, st.ranks_per_node, options, made, old_world_group)
         raise
     finally:
         mpi_info.Free()
@@ -128,8 +125,14 @@ def spawn_and_restart(k: int, command: Optional[Sequence[str]] = None,
     st.world = st.local = st.cross = st.control = st.topology = None
     config = {"ranks_per_node": st.ranks_per_node, "options": options}
     merged.bcast(config if merged.rank == 0 else None, root=0)  # the new ranks' runtime._join receives it
-    runtime._start(merged, config["ranks_per_node"], True)
+    _restart(merged, config["ranks_per_node"], options, made, old_world_group)
+    return Growth(k, size_before, st.topology.size, time.perf_counter() - start)
+
+
+def _restart(world, ranks_per_node, options, made, old_world_group) -> None:
+    """Start pycomm on `world` (the grown one, or the old one after a failed spawn) with the old engine's
+    options, and make the groups of `made` (groups.snapshot()) again on it."""
+    runtime._start(world, ranks_per_node, True)
     _C.set_options({**_C.get_options(), **options})
     groups.rebuild(made, old_world_group)
     old_world_group.Free()
-    return Growth(k, size_before, st.topology.size, time.perf_counter() - start)

@@ -88,7 +88,6 @@ def shrink_and_restart() -> Recovery:
     options = {k: v for k, v in _C.get_options().items() if k != "auto_table"}
     made = groups.snapshot()
     _revoke((st.world, st.control, st.local, st.cross))
-    _revoke([c for comms in groups._live.values() for c in comms])
     _stop_engine()
     ranks_per_node = st.ranks_per_node
     st.world = st.local = st.cross = st.control = st.topology = None  # revoked; never freed (runtime.shutdown)
@@ -109,7 +108,6 @@ def shrink_and_restart() -> Recovery:
         if agree(shrunk, started):
             break
         _revoke((shrunk, st.world, st.control, st.local, st.cross))
-        _revoke([c for comms in groups._live.values() for c in comms])
         _stop_engine()
         st.world = st.local = st.cross = st.control = st.topology = None
         base = shrunk
@@ -122,9 +120,10 @@ def shrink_and_restart() -> Recovery:
 
 
 def _stop_engine() -> None:
-    """Stop the world's and the groups' engines. Their communicators are revoked, so the engine's
-    shutdown round fails at once and the engine remembers the failure (csrc/comm/fault.h): it frees
-    nothing collective."""
+    """Revoke the groups' communicators (the caller revoked the world's) and stop the world's and the
+    groups' engines. With their communicators revoked, the engines' shutdown rounds fail at once and
+    each remembers the failure (csrc/comm/fault.h): they free nothing collective."""
+    _revoke([c for comms in groups._live.values() for c in comms])
     if _C.engine_running():
         _C.engine_stop()
     groups._live.clear()  # their communicators are revoked and stay allocated, like the world's

@@ -2,6 +2,7 @@
 
     launcher     pycomm-run (mpirun with pycomm's defaults; --check-build)
     build_info   the report of pycomm-run --check-build
+    cxx_check    whether a C++ compiler links libstdc++ shared, as torch does (setup.py, bench/gpu_check.sh)
     tune         pycomm-tune (measures the "auto" table and, through machine, the cost model's constants)
     machine      measuring the cost model's constants on a running job (pycomm.cost_model.Machine)
     benchmark    timing helpers for bench/ and the tools
