@@ -151,9 +151,11 @@ def run(state: State, min_size: Optional[int] = None, max_size: Optional[int] = 
                                          f"{list(recovery.lost)})\n")
                         sys.stderr.flush()
                     if recovery.size_after < low:
-                        raise runtime.CommError(f"pycomm.elastic: {recovery.size_after} rank(s) left after losing ranks "
-                                                f"{list(recovery.lost)}; the job needs at least {low} "
-                                                f"(min_size, pycomm-run --min-np)")
+                        too_few = runtime.CommError(f"pycomm.elastic: {recovery.size_after} rank(s) left after losing "
+                                                    f"ranks {list(recovery.lost)}; the job needs at least {low} "
+                                                    f"(min_size, pycomm-run --min-np)")
+                        too_few.raised_on_every_rank = True  # the abort hook lets each rank end by itself
+                        raise too_few
                     if high is not None and recovery.size_after < high:
                         growth = spawn_and_restart(high - recovery.size_after)
                         growths.append(growth)
