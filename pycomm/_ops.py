@@ -84,6 +84,8 @@ UNNAMED_WARNING = (
 
 
 def note_unnamed(handle, stacklevel: int = 4) -> None:
+    if _Unnamed.warned:  # once warned, nothing more to track (read without the lock: it only turns True)
+        return
     with _Unnamed.lock:
         _Unnamed.pending = [h for h in _Unnamed.pending if not h.done()]
         if _Unnamed.pending and not _Unnamed.warned:

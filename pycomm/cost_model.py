@@ -52,6 +52,8 @@ from typing import Dict, List, Optional, Tuple
 #: The exact algorithms this model has a formula for: every entry of the allreduce catalogue
 #: (csrc/comm/allreduce_catalogue.cpp; tests/unit/test_allreduce_catalogue.py holds them equal).
 ALGORITHMS = ("ring", "mpi", "shm", "hierarchical", "hierarchical_master")
+#: The compressions this model has a formula for: every entry of the engine's compression table
+#: (csrc/comm/compressed_allreduce.cpp, _C.engine_compressions(); the same test holds them equal).
 COMPRESSED = ("fp16", "bf16", "onebit")
 
 

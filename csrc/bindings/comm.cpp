@@ -190,8 +190,9 @@ std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tenso
                                         bool blocking, int64_t group = 0) {
   SubmitScope submit;
   comm::AllreduceArgs a;
+  const bool in_place = input.is_same(output);
   a.input = to_buffer(input, "allreduce");
-  a.output = to_buffer(output, "allreduce out");
+  a.output = in_place ? a.input : to_buffer(output, "allreduce out");
   if (a.input.count != a.output.count || a.input.dtype != a.output.dtype)
     throw py::value_error("allreduce: out must have the input's shape and dtype");
   a.op = parse_op(op);
@@ -199,12 +200,14 @@ std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tenso
   a.algorithm = parse_algorithm(algorithm);
   a.name = name;
   a.shape = input.sizes().vec();
+  comm::Engine& engine = engine_of(group);
+  auto kept = in_place ? keep({input}, engine) : keep({input, output}, engine);
   comm::WorkPtr work;
   {
     py::gil_scoped_release release;  // a blocking call may run the collective right here
-    work = engine_of(group).allreduce(a, keep({input, output}, engine_of(group)), blocking);
+    work = engine.allreduce(a, std::move(kept), blocking);
   }
-  return std::make_shared<Handle>(work, output, group);
+  return std::make_shared<Handle>(std::move(work), output, group);
 }
 
 // pycomm.grouped_allreduce: the allreduces of a list of tensors in one submission.

@@ -66,20 +66,31 @@ bool Work::done() const {
 }
 
 void Work::finish(std::exception_ptr error) {
-  std::vector<std::function<void(std::exception_ptr)>> callbacks;
-  // Released after the lock: dropping a tensor that has a Python object takes the GIL, and a
-  // Python thread polling done() holds the GIL while it waits for mu_.
-  std::shared_ptr<void> keepalive;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    error_ = error;
-    done_ = true;
-    keepalive.swap(keepalive_);
-    callbacks.swap(callbacks_);
+  Work* self = this;
+  finish_all(&self, 1, error);
+}
+
+void Work::finish_all(Work* const* works, size_t count, std::exception_ptr error) {
+  struct Left {
+    std::vector<std::function<void(std::exception_ptr)>> callbacks;
+    // Released after the lock: dropping a tensor that has a Python object takes the GIL, and a
+    // Python thread polling done() holds the GIL while it waits for mu_.
+    std::shared_ptr<void> keepalive;
+  };
+  std::vector<Left> left(count);
+  for (size_t i = 0; i < count; ++i) {
+    Work& w = *works[i];
+    std::lock_guard<std::mutex> lock(w.mu_);
+    w.error_ = error;
+    w.done_ = true;
+    left[i].keepalive.swap(w.keepalive_);
+    left[i].callbacks.swap(w.callbacks_);
   }
-  cv_.notify_all();
-  keepalive.reset();
-  for (auto& fn : callbacks) fn(error);
+  for (size_t i = 0; i < count; ++i) works[i]->cv_.notify_all();
+  for (size_t i = 0; i < count; ++i) {
+    left[i].keepalive.reset();
+    for (auto& fn : left[i].callbacks) fn(error);
+  }
 }
 
 void Work::then(std::function<void(std::exception_ptr)> fn) {
@@ -448,7 +459,9 @@ size_t Engine::execute(std::vector<Op*>& batch) {
     last_op_.clear();
     idle_since_ = std::chrono::steady_clock::now();
   }
-  for (size_t i = 0; i < count; ++i) batch[i]->work->finish(error);
+  std::vector<Work*> finished(count);
+  for (size_t i = 0; i < count; ++i) finished[i] = batch[i]->work.get();
+  Work::finish_all(finished.data(), count, error);
   return popped;
 }
 

@@ -164,6 +164,7 @@ _handle_map: Dict[int, tuple] = {}
 # Names of operations in flight (Horovod: a second operation with the name of one that has not
 # finished is a ValueError, raised before anything is submitted).
 _inflight: Dict[str, int] = {}
+_name_of: Dict[int, str] = {}  # the reverse of _inflight: synchronize() drops a name without a scan
 
 
 def _named(name, what: str, start) -> int:
@@ -177,6 +178,7 @@ def _named(name, what: str, start) -> int:
     h = start()
     if name:
         _inflight[name] = h
+        _name_of[h] = name
     return h
 
 
@@ -198,8 +200,9 @@ def synchronize(handle: int):
     if handle not in _handle_map:
         return None
     handles, finish, _keep = _handle_map.pop(handle)
-    for n in [n for n, h in _inflight.items() if h == handle]:
-        del _inflight[n]
+    name = _name_of.pop(handle, None)
+    if name is not None and _inflight.get(name) == handle:
+        del _inflight[name]
     try:
         for h in handles:
             h.wait()
@@ -302,7 +305,9 @@ def _allreduce_start(tensor, output, name, op, prescale_factor, postscale_factor
 
         return _register([hg], finish_prod, (flat, output))
     src, out = _prepare(tensor, output, prescale_factor)
-    h = pycomm.allreduce_async(src, op=_PYCOMM_OP[op], out=out, name=name, group=group)
+    # In place (src a view of the caller's tensor, written there): out=None takes allreduce_async's fast path.
+    in_place = output is tensor and out is output
+    h = pycomm.allreduce_async(src, op=_PYCOMM_OP[op], out=None if in_place else out, name=name, group=group)
 
     def finish():
         with torch.no_grad():

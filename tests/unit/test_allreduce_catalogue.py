@@ -44,6 +44,16 @@ def test_cost_model_has_a_formula_for_every_entry():
         assert cost_model.predict(name, 1 << 20, m, ranks=4, nodes=nodes) > 0, name
 
 
+def test_cost_model_has_a_formula_for_every_compression():
+    assert set(cost_model.COMPRESSED) == set(_C.engine_compressions())
+    m = cost_model.Machine(alpha=2e-6, beta=1e-10, gamma=2e-10, delta=1e-10, sync=1e-6, alpha_x=2e-5,
+                           beta_x=8e-10, kappa=1e-10, omega=1e-10)
+    plain = cost_model.predict("ring", 1 << 20, m, ranks=4, nodes=2)
+    for name in cost_model.COMPRESSED:  # each adds its casts or compression passes to a ring of fewer bytes
+        assert cost_model.predict(name, 1 << 20, m, ranks=4, nodes=2) > 0, name
+    assert cost_model.predict("fp16", 1 << 20, m, ranks=4, nodes=2) != plain
+
+
 @pytest.mark.parametrize("ranks,nodes,homogeneous", [
     (1, 1, True), (2, 1, True), (4, 1, True), (4, 2, True), (2, 2, True), (8, 2, True), (5, 2, False), (3, 2, False)])
 def test_offered_matches_the_shapes_each_algorithm_needs(ranks, nodes, homogeneous):

@@ -20,26 +20,51 @@ def test_calls_before_init_raise_clearly():
     assert "call pycomm.init() first" in out.stdout, out.stderr
 
 
-def test_non_contiguous():
+# The blocking call and the asynchronous one (whose fast path hands the call to the engine's binding
+# and takes the checked path for whatever the binding refuses) give the same messages.
+ALLREDUCE_CALLS = {
+    "allreduce": pycomm.allreduce,
+    "allreduce_async": lambda t, **kw: pycomm.allreduce_async(t, **kw).wait(),
+}
+
+
+@pytest.mark.parametrize("call", ALLREDUCE_CALLS)
+def test_non_contiguous(call):
     x = torch.ones(4, 4).t()
     with pytest.raises(ValueError, match="not contiguous"):
-        pycomm.allreduce(x)
+        ALLREDUCE_CALLS[call](x)
 
 
-def test_unsupported_dtype_and_op():
+@pytest.mark.parametrize("call", ALLREDUCE_CALLS)
+def test_unsupported_dtype_and_op(call):
+    allreduce = ALLREDUCE_CALLS[call]
     with pytest.raises(TypeError, match="unsupported dtype complex128; supported: float32, float64, float16, "
                                        "bfloat16, int32, int64, uint8, int8, int16, bool"):
-        pycomm.allreduce(torch.ones(3, dtype=torch.complex128))
+        allreduce(torch.ones(3, dtype=torch.complex128))
     with pytest.raises(TypeError, match="unsupported dtype complex64"):
         pycomm.broadcast(torch.ones(3, dtype=torch.complex64))
     with pytest.raises(ValueError, match="unknown op 'prod'"):
-        pycomm.allreduce(torch.ones(3), op="prod")
+        allreduce(torch.ones(3), op="prod")
     with pytest.raises(TypeError, match="op='avg' needs a floating-point tensor, got int32"):
-        pycomm.allreduce(torch.ones(3, dtype=torch.int32), op="avg")
+        allreduce(torch.ones(3, dtype=torch.int32), op="avg")
     with pytest.raises(ValueError, match="unknown algorithm 'tree'"):
-        pycomm.allreduce(torch.ones(3), algorithm="tree")
+        allreduce(torch.ones(3), algorithm="tree")
     with pytest.raises(TypeError, match="expected a torch.Tensor"):
-        pycomm.allreduce([1.0, 2.0])
+        allreduce([1.0, 2.0])
+    with pytest.raises(ValueError, match="unknown op"):
+        allreduce(torch.ones(3), op=["sum"])
+    with pytest.raises(TypeError, match="expected a torch.Tensor"):
+        allreduce(None, op="avg")
+
+
+@pytest.mark.parametrize("call", ALLREDUCE_CALLS)
+def test_parameters_and_integer_sums_take_the_common_path(call):
+    p = torch.nn.Parameter(torch.randn(5))
+    with torch.no_grad():
+        expected = p.detach().clone()
+        assert torch.equal(ALLREDUCE_CALLS[call](p, op="avg"), expected)
+    i = torch.arange(7, dtype=torch.int16)
+    assert torch.equal(ALLREDUCE_CALLS[call](i, op="max"), torch.arange(7, dtype=torch.int16))
 
 
 def test_bad_out():
@@ -56,11 +81,12 @@ def test_bad_root_and_scalar_allgather():
         pycomm.allgather(torch.tensor(1.0))
 
 
-def test_wrong_device():
+@pytest.mark.parametrize("call", ALLREDUCE_CALLS)
+def test_wrong_device(call):
     # Only CPU and CUDA tensors are taken, in every build: a CUDA build refuses a meta tensor too.
     meta = torch.ones(3, device="meta")
     with pytest.raises(ValueError, match="meta"):
-        pycomm.allreduce(meta)
+        ALLREDUCE_CALLS[call](meta)
 
 
 def test_single_rank_allreduce_is_identity():
