@@ -39,9 +39,10 @@ def resnet50_shapes():
     return shapes
 
 
-def one_step(grads):
-    """Every gradient submitted in backward order, then all waited for (as DistributedOptimizer does)."""
-    handles = [pycomm.allreduce_async(g, op="avg", name=f"grad.{i}") for i, g in reversed(list(enumerate(grads)))]
+def one_step(grads, names):
+    """Every gradient submitted in backward order, then all waited for (as DistributedOptimizer does,
+    with its names made once)."""
+    handles = [pycomm.allreduce_async(g, op="avg", name=n) for g, n in zip(reversed(grads), reversed(names))]
     for h in handles:
         h.wait()
 
@@ -70,7 +71,8 @@ def run_model(label, shapes, comm, reps, default_threshold):
     nparams = sum(g.numel() for g in grads)
     flat = torch.randn(nparams)
     results = {}
-    steps = {"fused": lambda: one_step(grads), "per tensor": lambda: one_step(grads),
+    names = [f"grad.{i}" for i in range(len(grads))]
+    steps = {"fused": lambda: one_step(grads, names), "per tensor": lambda: one_step(grads, names),
              "blocking": lambda: blocking_step(grads), "grouped": lambda: grouped_step(grads),
              "one allreduce": lambda: pycomm.allreduce(flat, op="avg")}
     for mode, threshold in (("fused", default_threshold), ("per tensor", 0), ("blocking", default_threshold),
@@ -93,7 +95,7 @@ def run_model(label, shapes, comm, reps, default_threshold):
     for _ in range(reps):
         comm.Barrier()
         t0 = time.perf_counter()
-        hs = [pycomm.allreduce_async(g, op="avg", name=f"grad.{i}") for i, g in reversed(list(enumerate(grads)))]
+        hs = [pycomm.allreduce_async(g, op="avg", name=n) for g, n in zip(reversed(grads), reversed(names))]
         dt = time.perf_counter() - t0
         for h in hs:
             h.wait()

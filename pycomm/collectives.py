@@ -58,7 +58,7 @@ def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "aut
         # The common call (in place, all ranks, uncompressed) goes straight to the engine's binding, which
         # checks the tensor (dtype, device, layout, strides) and the algorithm before it queues anything
         # (csrc/bindings/comm.cpp). What it refuses, and avg of a non-float tensor, take the checked path
-        # below for their messages. Submission: 2.3 -> 1.6 us a call (bench/fusion.py's "submit only").
+        # below for their messages (docs/benchmarks.md: 2.4-2.6 -> 1.9-2.0 us a call).
         engine_op = ENGINE_OP.get(op)
         if engine_op is not None:
             try:

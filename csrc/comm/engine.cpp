@@ -66,17 +66,28 @@ bool Work::done() const {
 }
 
 void Work::finish(std::exception_ptr error) {
-  Work* self = this;
-  finish_all(&self, 1, error);
+  std::vector<std::function<void(std::exception_ptr)>> callbacks;
+  // Released after the lock: dropping a tensor that has a Python object takes the GIL, and a
+  // Python thread polling done() holds the GIL while it waits for mu_.
+  std::shared_ptr<void> keepalive;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = error;
+    done_ = true;
+    keepalive.swap(keepalive_);
+    callbacks.swap(callbacks_);
+  }
+  cv_.notify_all();
+  keepalive.reset();
+  for (auto& fn : callbacks) fn(error);
 }
 
 void Work::finish_all(Work* const* works, size_t count, std::exception_ptr error) {
   struct Left {
     std::vector<std::function<void(std::exception_ptr)>> callbacks;
-    // Released after the lock: dropping a tensor that has a Python object takes the GIL, and a
-    // Python thread polling done() holds the GIL while it waits for mu_.
-    std::shared_ptr<void> keepalive;
+    std::shared_ptr<void> keepalive;  // released after the lock, as in finish()
   };
+  if (count == 1) return works[0]->finish(error);
   std::vector<Left> left(count);
   for (size_t i = 0; i < count; ++i) {
     Work& w = *works[i];
@@ -459,9 +470,13 @@ size_t Engine::execute(std::vector<Op*>& batch) {
     last_op_.clear();
     idle_since_ = std::chrono::steady_clock::now();
   }
-  std::vector<Work*> finished(count);
-  for (size_t i = 0; i < count; ++i) finished[i] = batch[i]->work.get();
-  Work::finish_all(finished.data(), count, error);
+  if (count == 1) {
+    batch[0]->work->finish(error);
+  } else {
+    std::vector<Work*> finished(count);
+    for (size_t i = 0; i < count; ++i) finished[i] = batch[i]->work.get();
+    Work::finish_all(finished.data(), count, error);
+  }
   return popped;
 }
 
