@@ -132,7 +132,7 @@ void windowed_fused_allreduce(const FusedTensors& tensors, ReduceOp op, bool pre
 constexpr size_t kShmOneFenceBytes = size_t(32) << 10;
 void shm_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, size_t chunk_bytes = 0);
 // The smallest message shm_allreduce runs chunk by chunk on a node of `local_size` ranks:
-// above chunk_bytes and above last-level cache / (2 local_size). The same on every rank of a node.
+// above chunk_bytes and above min(last-level cache, 32 MiB) / (2 local_size). The same on every rank of a node.
 size_t shm_pipeline_min_bytes(int local_size, size_t chunk_bytes);
 
 // Hierarchical allreduce over M nodes x L ranks (Horovod's form): intra-node

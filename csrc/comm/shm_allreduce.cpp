@@ -188,8 +188,17 @@ size_t last_level_cache_bytes() {
 
 }  // namespace
 
+// The cache the pipeline threshold counts on: the last level, at most 32 MiB. A virtual machine may
+// be shown its host's whole L3 (480 MiB on a 2-core one, in sysfs and lscpu alike), shared with every
+// other guest; there, the one pass ran to 120 MiB on 2 ranks and took 24.5-25.4 ms at 64 MiB against
+// 13.0-13.6 ms chunk by chunk, and 3.3 against 2.5-2.7 ms at 16 MiB (bench/allreduce.py, 2 ranks,
+// --algorithms ring,shm, alternating the two thresholds twice). 32 MiB is the L3 of the machine the
+// threshold was first measured on.
+constexpr size_t kPipelineCacheBytes = size_t(32) << 20;
+
 size_t shm_pipeline_min_bytes(int local_size, size_t chunk_bytes) {
-  return std::max(chunk_bytes, last_level_cache_bytes() / (2 * static_cast<size_t>(std::max(local_size, 1))));
+  const size_t cache = std::min(last_level_cache_bytes(), kPipelineCacheBytes);
+  return std::max(chunk_bytes, cache / (2 * static_cast<size_t>(std::max(local_size, 1))));
 }
 
 void windowed_fused_allreduce(const FusedTensors& t, ReduceOp op, bool pre_divide, double unpack_scale,
