@@ -285,8 +285,11 @@ def _prepare(tensor, output, prescale_factor):
     return src, (output if output.is_contiguous() else torch.empty_like(src))
 
 
-def _allreduce_start(tensor, output, name, op, prescale_factor, postscale_factor, process_set) -> int:
-    """Start tensor -> output (output may be tensor); returns a Horovod handle."""
+def _allreduce_start(tensor, output, name, op, prescale_factor, postscale_factor, process_set,
+                     blocking: bool = False) -> int:
+    """Start tensor -> output (output may be tensor); returns a Horovod handle. blocking: the caller
+    synchronizes at once, so an idle engine runs the allreduce on this thread (pycomm.allreduce's
+    path) instead of handing it to its worker."""
     what = "allreduce"
     _check_scales(op, prescale_factor, postscale_factor, what)
     group = _group(process_set, what)
@@ -307,7 +310,8 @@ def _allreduce_start(tensor, output, name, op, prescale_factor, postscale_factor
     src, out = _prepare(tensor, output, prescale_factor)
     # In place (src a view of the caller's tensor, written there): out=None takes allreduce_async's fast path.
     in_place = output is tensor and out is output
-    h = pycomm.allreduce_async(src, op=_PYCOMM_OP[op], out=None if in_place else out, name=name, group=group)
+    h = pycomm.allreduce_async(src, op=_PYCOMM_OP[op], out=None if in_place else out, name=name, group=group,
+                               _blocking=blocking)
 
     def finish():
         with torch.no_grad():
@@ -319,42 +323,52 @@ def _allreduce_start(tensor, output, name, op, prescale_factor, postscale_factor
     return _register([h], finish, (src, out, output))
 
 
+def _out_of_place(tensor, name, op, prescale_factor, postscale_factor, process_set, blocking=False) -> int:
+    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    return _named(name, "allreduce_async", lambda: _allreduce_start(tensor, output, name, op, prescale_factor,
+                                                                     postscale_factor, process_set, blocking))
+
+
+def _in_place(tensor, name, op, prescale_factor, postscale_factor, process_set, blocking=False) -> int:
+    return _named(name, "allreduce_async_", lambda: _allreduce_start(tensor, tensor, name, op, prescale_factor,
+                                                                      postscale_factor, process_set, blocking))
+
+
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start an out-of-place allreduce; ``synchronize(handle)`` returns the result (input untouched)."""
     op = _resolve_op(average, op, "allreduce_async")
-    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    return _named(name, "allreduce_async", lambda: _allreduce_start(tensor, output, name, op, prescale_factor,
-                                                                     postscale_factor, process_set))
+    return _out_of_place(tensor, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set: ProcessSet = global_process_set) -> int:
     """Start an in-place allreduce; ``synchronize(handle)`` returns `tensor`."""
     op = _resolve_op(average, op, "allreduce_async_")
-    return _named(name, "allreduce_async_", lambda: _allreduce_start(tensor, tensor, name, op, prescale_factor,
-                                                                      postscale_factor, process_set))
+    return _in_place(tensor, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set: ProcessSet = global_process_set):
     """In-place allreduce; returns `tensor`."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+    op = _resolve_op(average, op, "allreduce_async_")
+    return synchronize(_in_place(tensor, name, op, prescale_factor, postscale_factor, process_set, blocking=True))
 
 
 class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
         ctx.op, ctx.pre, ctx.post, ctx.process_set = op, prescale_factor, postscale_factor, process_set
-        return synchronize(allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor, process_set))
+        return synchronize(_out_of_place(tensor, name, op, prescale_factor, postscale_factor, process_set,
+                                         blocking=True))
 
     @staticmethod
     def backward(ctx, grad_output):
         if ctx.op not in (Sum, Average):
             raise RuntimeError(f"pycomm.horovod.allreduce: no gradient for op=hvd.{_OP_NAMES[ctx.op]}; "
                                "differentiate through hvd.Sum or hvd.Average")
-        grad = synchronize(allreduce_async(grad_output.contiguous(), None, None, ctx.op, ctx.pre, ctx.post,
-                                           ctx.process_set))
+        grad = synchronize(_out_of_place(grad_output.contiguous(), None, ctx.op, ctx.pre, ctx.post,
+                                         ctx.process_set, blocking=True))
         return grad, None, None, None, None, None
 
 
