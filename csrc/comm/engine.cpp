@@ -87,7 +87,6 @@ void Work::finish_all(Work* const* works, size_t count, std::exception_ptr error
     std::vector<std::function<void(std::exception_ptr)>> callbacks;
     std::shared_ptr<void> keepalive;  // released after the lock, as in finish()
   };
-  if (count == 1) return works[0]->finish(error);
   std::vector<Left> left(count);
   for (size_t i = 0; i < count; ++i) {
     Work& w = *works[i];

@@ -66,7 +66,8 @@ class Work {
   void finish(std::exception_ptr error);
   // Finish the works of one batch: all are marked done first, then woken, then their keepalives
   // dropped and callbacks run. A caller waiting on them one by one finds the rest done instead of
-  // being woken once per work while the engine marks them (400 fused works: 1.2 us a wait -> 0.3).
+  // being woken once per work while the engine marks them (400 fused works: 1.3 us a wait -> 0.4).
+  // For batches of several works; one work takes finish().
   static void finish_all(Work* const* works, size_t count, std::exception_ptr error);
   // Run `fn(error)` once the operation has finished: on the finishing thread,
   // or at once on the caller's if it already has (the c10d backend completes
