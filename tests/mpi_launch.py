@@ -41,4 +41,6 @@ def run_under_mpi(np: int, args, timeout: float = 600, env: Optional[Dict[str, s
 def run_pytest_under_mpi(np: int, path: str, timeout: float = 600, env: Optional[Dict[str, str]] = None,
                          extra=()) -> Tuple[int, str]:
     return run_under_mpi(np, ["-m", "pytest", path, "-q", "-x", "-p", "no:cacheprovider", "--color=no", "--timeout=240",
+                              # no tests/parallel file uses hypothesis; its plugin costs ~0.7 s a rank to load
+                              "-p", "no:hypothesispytest",
                               *extra], timeout=timeout, env=env)

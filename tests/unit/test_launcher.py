@@ -22,6 +22,17 @@ def test_openmpi_not_root_fits_cores():
     assert "OMP_NUM_THREADS=4" in cmd and "PYCOMM_X=1" in cmd
 
 
+def test_one_host_skips_the_libfabric_probe_unless_the_caller_chose_btls():
+    def btl_args(**kw):
+        cmd = build_command(2, ["a"], launcher="mpirun", flavour="openmpi", is_root=False, cores=2, **kw)
+        return [cmd[i + 1] for i, x in enumerate(cmd) if x == "btl" and cmd[i - 1] == "--mca"]
+
+    assert btl_args(env={}) == ["^ofi"]
+    assert btl_args(env={"OMPI_MCA_btl": "tcp,self"}) == []  # the environment's choice is not overridden
+    assert btl_args(env={}, extra=["--mca", "btl", "tcp,self"]) == ["tcp,self"]
+    assert btl_args(env={}, hosts=[("a", 1), ("b", 1)]) == []  # several hosts may need libfabric
+
+
 def test_mpich_needs_neither_flag():
     cmd = build_command(8, ["a"], launcher="mpiexec", flavour="mpich", env={"OMP_NUM_THREADS": "3"},
                         is_root=True, cores=2, hostfile="hosts")
