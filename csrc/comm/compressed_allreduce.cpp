@@ -166,8 +166,7 @@ namespace {
 // that explicit.
 struct Scratch {
   std::mutex mu;
-  std::vector<uint8_t> a, b, c;
-  std::vector<float> f;
+  std::vector<uint8_t> a;  // the half buffer, or onebit's workspace
 };
 Scratch& scratch() {
   static Scratch s;
@@ -254,87 +253,114 @@ void half_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, size_t ri
 }
 
 namespace compressed_detail {
+namespace {
 
-// Steps 1-5 of the header's scheme over `comm`, with the server's weight w
-// (1/N for an average over N ranks, 1 for a sum). Inputs are finite.
-// gathered_into: step 4's allgather lands there (size * block bytes) and
-// step 5 is left to the caller (a.output is not written).
-void onebit_two_phase(const CompressedArgs& a, MPI_Comm comm, float weight, uint8_t* gathered_into) {
+// MPI_Alltoall (each rank sends `block` bytes to every rank) or MPI_Allgather (each rank's one
+// block to all) between two buffers of `ops`'s memory; through the pinned chunks when staged.
+void exchange(bool alltoall, const void* send, void* recv, size_t block, MPI_Comm comm, int size, DeviceOps& ops,
+              const DeviceWire* staged) {
+  const int b = static_cast<int>(block);
+  if (size == 1) {
+    ops.copy(recv, send, block);
+    return;
+  }
+  const size_t send_bytes = alltoall ? block * static_cast<size_t>(size) : block;
+  const size_t recv_bytes = block * static_cast<size_t>(size);
+  const void* s = send;
+  void* r = recv;
+  if (staged) {  // down to the pinned host chunks, MPI there, back up
+    staged->staging.reserve(staged->mover, recv_bytes);
+    staged->mover.to_host_async(staged->staging.chunk[0], send, send_bytes, 0);
+    staged->mover.wait_lane(0);
+    s = staged->staging.chunk[0];
+    r = staged->staging.chunk[1];
+  }
+  if (alltoall)
+    PYCOMM_MPI_CHECK(MPI_Alltoall(s, b, MPI_BYTE, r, b, MPI_BYTE, comm));
+  else
+    PYCOMM_MPI_CHECK(MPI_Allgather(s, b, MPI_BYTE, r, b, MPI_BYTE, comm));
+  if (staged) {
+    staged->mover.to_device_async(recv, staged->staging.chunk[1], recv_bytes, 0);
+    staged->mover.wait_lane(0);
+  }
+}
+
+}  // namespace
+
+// Send, recv and gathered blocks (B N bytes each; bits then an unaligned scale, the wire
+// format), the server's float32 sum (m), and the scales as aligned floats for the kernels (N).
+size_t onebit_workspace_bytes(size_t n, int size) {
+  const OneBitLayout L = onebit_layout(n, size);
+  const size_t N = static_cast<size_t>(size);
+  return 3 * ws_aligned(L.block_bytes() * N) + ws_aligned(L.chunk * 4) + ws_aligned(N * 4);
+}
+
+void onebit_two_phase(const CompressedArgs& a, MPI_Comm comm, float weight, DeviceOps& ops, const DeviceWire* staged,
+                      uint8_t* ws, uint8_t* gathered_into) {
   int rank = 0, size = 1;
   PYCOMM_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   PYCOMM_MPI_CHECK(MPI_Comm_size(comm, &size));
   const size_t n = a.input.count;
-  const OneBitLayout L = onebit_layout(n, size);
   if (n == 0) return;
+  const uint8_t* mask = static_cast<const uint8_t*>(a.mask.data);
+  const OneBitLayout L = onebit_layout(n, size);
+  const size_t B = L.block_bytes(), bits = L.bit_bytes(), m = L.chunk, N = static_cast<size_t>(size);
+  check_int(B, "a 1-bit chunk");
 
+  const size_t blocks = ws_aligned(B * N);
+  uint8_t* send = ws;
+  uint8_t* recv = ws + blocks;
+  uint8_t* gathered = gathered_into ? gathered_into : ws + 2 * blocks;
+  float* acc = reinterpret_cast<float*>(ws + 3 * blocks);
+  float* scales = reinterpret_cast<float*>(ws + 3 * blocks + ws_aligned(m * 4));
   const float* x = static_cast<const float*>(a.input.data);
   float* out = static_cast<float*>(a.output.data);
   float* ew = static_cast<float*>(a.worker_residual.data);
   float* es = static_cast<float*>(a.server_residual.data);
-  const uint8_t* mask = static_cast<const uint8_t*>(a.mask.data);
   auto mask_at = [mask](size_t i) { return mask ? mask + i : nullptr; };
 
-  const size_t B = L.block_bytes(), bits = L.bit_bytes(), m = L.chunk;
-  check_int(B, "a 1-bit chunk");
-  Scratch& s = scratch();
-  std::lock_guard<std::mutex> lock(s.mu);
-  uint8_t* send = sized(s.a, B * size);
-  uint8_t* recv = sized(s.b, B * size);
-  uint8_t* gathered = gathered_into ? gathered_into : sized(s.c, B * size);
-  float* acc = sized(s.f, m);
-
-  // 1. Worker: chunk j of x + e_w -> bits and scale, straight into the block for rank j.
+  // 1. Worker: chunk j of x + e_w -> bits and scale, straight into the block for rank j
+  //    (empty chunks: zero bits, scale 0).
   timeline::Phase phase("COMPRESS");
+  ops.fill_zero(send, B * N);
+  ops.fill_zero(scales, N * sizeof(float));
   for (int j = 0; j < size; ++j) {
     uint8_t* block = send + static_cast<size_t>(j) * B;
     const size_t b = L.begin(j), len = L.length(j);
-    float scale = 0.0f;
-    std::memset(block, 0, bits);
-    if (len) kernels::onebit_compress_cpu(x + b, ew + b, len, m, block, &scale, mask_at(b));
-    std::memcpy(block + bits, &scale, sizeof scale);
+    if (len) ops.onebit_compress(x + b, ew + b, len, m, block, scales + j, mask_at(b));
+    ops.copy(block + bits, scales + j, sizeof(float));
   }
 
   // 2. All-to-all: rank j gets every rank's chunk j.
   phase.next("ALLTOALL");
-  if (size > 1)
-    PYCOMM_MPI_CHECK(MPI_Alltoall(send, static_cast<int>(B), MPI_BYTE, recv, static_cast<int>(B), MPI_BYTE, comm));
-  else
-    std::memcpy(recv, send, B);
+  exchange(true, send, recv, B, comm, size, ops, staged);
 
-  // 3. Server: a = sum_k fl(w s_k) (2 bit - 1) in rank order, w = 1/N (avg) or 1 (sum);
-  //    then compress a with the server residual into this rank's block.
+  // 3. Server: a = sum_k fl(w s_k) (2 bit - 1) in rank order, w = 1/N (avg) or 1 (sum); then
+  //    compressed with the server residual into this rank's block (send's first, free again).
   phase.next("SERVER_REDUCE");
   const size_t myb = L.begin(rank), mylen = L.length(rank);
-  uint8_t* mine = send;  // the send buffer is free again: reuse its first block
-  float my_scale = 0.0f;
-  std::memset(mine, 0, bits);
+  uint8_t* mine = send;
+  ops.fill_zero(mine, B);
+  ops.fill_zero(scales, N * sizeof(float));
   if (mylen) {
-    std::memset(acc, 0, mylen * sizeof(float));
-    for (int k = 0; k < size; ++k) {
-      const uint8_t* block = recv + static_cast<size_t>(k) * B;
-      float sk;
-      std::memcpy(&sk, block + bits, sizeof sk);
-      kernels::onebit_decompress_accumulate_cpu(block, &sk, mylen, m, acc, weight, mask_at(myb));
-    }
-    kernels::onebit_compress_cpu(acc, es, mylen, m, mine, &my_scale, mask_at(myb));
+    for (int k = 0; k < size; ++k) ops.copy(scales + k, recv + static_cast<size_t>(k) * B + bits, sizeof(float));
+    ops.fill_zero(acc, mylen * sizeof(float));
+    for (int k = 0; k < size; ++k)
+      ops.onebit_decompress_accumulate(recv + static_cast<size_t>(k) * B, scales + k, mylen, m, acc, weight,
+                                       mask_at(myb));
+    ops.onebit_compress(acc, es, mylen, m, mine, scales, mask_at(myb));
   }
-  std::memcpy(mine + bits, &my_scale, sizeof my_scale);
+  ops.copy(mine + bits, scales, sizeof(float));
 
   // 4. Allgather of the server chunks; 5. every rank decompresses all of them.
   phase.next("ALLGATHER");
-  if (size > 1)
-    PYCOMM_MPI_CHECK(MPI_Allgather(mine, static_cast<int>(B), MPI_BYTE, gathered, static_cast<int>(B), MPI_BYTE, comm));
-  else
-    std::memcpy(gathered, mine, B);
+  exchange(false, mine, gathered, B, comm, size, ops, staged);
   if (gathered_into) return;
   phase.next("DECOMPRESS");
+  for (int j = 0; j < size; ++j) ops.copy(scales + j, gathered + static_cast<size_t>(j) * B + bits, sizeof(float));
   for (int j = 0; j < size; ++j) {
-    const uint8_t* block = gathered + static_cast<size_t>(j) * B;
     const size_t b = L.begin(j), len = L.length(j);
-    if (!len) continue;
-    float sj;
-    std::memcpy(&sj, block + bits, sizeof sj);
-    kernels::onebit_decompress_cpu(block, &sj, len, m, out + b, mask_at(b));
+    if (len) ops.onebit_decompress(gathered + static_cast<size_t>(j) * B, scales + j, len, m, out + b, mask_at(b));
   }
 }
 
@@ -350,7 +376,11 @@ void onebit_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, Compres
   if (n == 0) return;
   agree_finite(has_nonfinite(static_cast<const float*>(a.input.data), static_cast<const uint8_t*>(a.mask.data), n),
                comm, size, a, "inf or NaN");
-  compressed_detail::onebit_two_phase(a, comm, a.average ? 1.0f / static_cast<float>(size) : 1.0f, nullptr);
+  Scratch& s = scratch();
+  std::lock_guard<std::mutex> lock(s.mu);
+  uint8_t* ws = sized(s.a, compressed_detail::onebit_workspace_bytes(n, size));
+  compressed_detail::onebit_two_phase(a, comm, a.average ? 1.0f / static_cast<float>(size) : 1.0f, cpu_device_ops(),
+                                      nullptr, ws, nullptr);
 }
 
 WorkPtr Engine::compressed_allreduce(const CompressedArgs& args, std::shared_ptr<void> keepalive, bool blocking) {

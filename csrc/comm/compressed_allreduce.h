@@ -187,10 +187,19 @@ NodeSlice node_slice(const CompressedArgs& a, const Topology& topo, CompressedSt
 int has_nonfinite(const float* x, const uint8_t* mask, size_t n);
 // 1 if any element of the half buffer is inf or NaN.
 int half_has_nonfinite(const void* h, size_t n, DType half);
-// The onebit scheme's steps 1-5 over `comm` with the server weight; with
-// gathered_into, step 4's allgather (size blocks) lands there and step 5 is
-// the caller's.
-void onebit_two_phase(const CompressedArgs& a, MPI_Comm comm, float weight, uint8_t* gathered_into);
+// Working memory is laid out in blocks of 256 bytes (device kernels want aligned floats).
+inline size_t ws_aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+// The onebit scheme's steps 1-5 over `comm` with the server weight (1/N for an
+// average, 1 for a sum), on finite input: one schedule for every memory. The
+// kernels run through `ops` (the tensor's memory); the all-to-all and the
+// allgather hand MPI the buffers themselves when `staged` is null (host memory,
+// or a CUDA-aware MPI) and go through its pinned host chunks otherwise. `ws`
+// holds onebit_workspace_bytes(n, size) bytes of `ops`'s memory. With
+// gathered_into (the same memory), step 4's allgather (size blocks) lands
+// there and step 5 is the caller's (a.output is not written).
+size_t onebit_workspace_bytes(size_t n, int size);
+void onebit_two_phase(const CompressedArgs& a, MPI_Comm comm, float weight, DeviceOps& ops, const DeviceWire* staged,
+                      uint8_t* ws, uint8_t* gathered_into);
 }  // namespace compressed_detail
 
 }  // namespace comm

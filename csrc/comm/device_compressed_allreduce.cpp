@@ -58,44 +58,8 @@ void reduce_own_slice(size_t count, DType dtype, ReduceOp op, ShmWindow& shm);
 
 namespace {
 
-constexpr size_t kAlign = 256;
 constexpr int kNodeTag = 0x4843;  // the hierarchical form's node reduce-scatter
-size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
-void check_int(size_t bytes, const char* what) {
-  if (bytes > static_cast<size_t>(INT32_MAX))
-    throw CommError(std::string("compressed allreduce: ") + what + " is larger than 2 GiB per rank");
-}
-
-// MPI_Alltoall (each rank sends `block` bytes to every rank) or MPI_Allgather
-// (each rank's one block to all) between two buffers of the table's memory.
-void exchange(bool alltoall, const void* send, void* recv, size_t block, MPI_Comm comm, int size, DeviceOps& ops,
-              const DeviceWire& w) {
-  const int b = static_cast<int>(block);
-  if (size == 1) {
-    ops.copy(recv, send, block);
-    return;
-  }
-  const size_t send_bytes = alltoall ? block * static_cast<size_t>(size) : block;
-  const size_t recv_bytes = block * static_cast<size_t>(size);
-  const void* s = send;
-  void* r = recv;
-  if (!w.direct) {  // down to the pinned host chunks, MPI there, back up
-    w.staging.reserve(w.mover, recv_bytes);
-    w.mover.to_host_async(w.staging.chunk[0], send, send_bytes, 0);
-    w.mover.wait_lane(0);
-    s = w.staging.chunk[0];
-    r = w.staging.chunk[1];
-  }
-  if (alltoall)
-    PYCOMM_MPI_CHECK(MPI_Alltoall(s, b, MPI_BYTE, r, b, MPI_BYTE, comm));
-  else
-    PYCOMM_MPI_CHECK(MPI_Allgather(s, b, MPI_BYTE, r, b, MPI_BYTE, comm));
-  if (!w.direct) {
-    w.mover.to_device_async(recv, w.staging.chunk[1], recv_bytes, 0);
-    w.mover.wait_lane(0);
-  }
-}
+using compressed_detail::ws_aligned;
 
 // The ring over the half buffer `hb` among `comm`'s ranks, partial sums combined in fp32 on every
 // hop: on the device (the mover's reduce) when direct, on the host chunks when staged.
@@ -109,7 +73,7 @@ void half_ring(const Buffer& hb, MPI_Comm comm, const DeviceWire& w) {
   }
 }
 
-size_t half_workspace_bytes(size_t n) { return aligned(n * 2); }
+size_t half_workspace_bytes(size_t n) { return ws_aligned(n * 2); }
 
 void device_half(const CompressedArgs& a, MPI_Comm comm, int size, DeviceOps& ops, const DeviceWire& w) {
   const size_t n = a.input.count;
@@ -132,92 +96,15 @@ void device_half(const CompressedArgs& a, MPI_Comm comm, int size, DeviceOps& op
   ops.cast_to_float(h, static_cast<float*>(a.output.data), n, half);
 }
 
-// Workspace of onebit_two_phase: send, recv, gathered blocks (B N bytes each; bits then an
-// unaligned scale, the wire format), the server's float32 sum (m), and the scales copied to
-// aligned floats for the kernels (N).
-size_t onebit_workspace_bytes(size_t n, int size) {
-  const OneBitLayout L = onebit_layout(n, size);
-  const size_t N = static_cast<size_t>(size);
-  return 3 * aligned(L.block_bytes() * N) + aligned(L.chunk * 4) + aligned(N * 4);
-}
-
-// Steps 1-5 of the two-phase scheme over `comm` on finite input, with the server's weight w
-// (1/N for an average over N ranks, 1 for a sum), in `ws` (onebit_workspace_bytes).
-void onebit_two_phase(const CompressedArgs& a, MPI_Comm comm, float weight, DeviceOps& ops, const DeviceWire& w,
-                      uint8_t* ws) {
-  int rank = 0, size = 1;
-  PYCOMM_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  PYCOMM_MPI_CHECK(MPI_Comm_size(comm, &size));
-  const size_t n = a.input.count;
-  if (n == 0) return;
-  const uint8_t* mask = static_cast<const uint8_t*>(a.mask.data);
-  const OneBitLayout L = onebit_layout(n, size);
-  const size_t B = L.block_bytes(), bits = L.bit_bytes(), m = L.chunk, N = static_cast<size_t>(size);
-  check_int(B, "a 1-bit chunk");
-
-  const size_t blocks = aligned(B * N);
-  uint8_t* send = ws;
-  uint8_t* recv = ws + blocks;
-  uint8_t* gathered = ws + 2 * blocks;
-  float* acc = reinterpret_cast<float*>(ws + 3 * blocks);
-  float* scales = reinterpret_cast<float*>(ws + 3 * blocks + aligned(m * 4));
-  const float* x = static_cast<const float*>(a.input.data);
-  float* out = static_cast<float*>(a.output.data);
-  float* ew = static_cast<float*>(a.worker_residual.data);
-  float* es = static_cast<float*>(a.server_residual.data);
-  auto mask_at = [mask](size_t i) { return mask ? mask + i : nullptr; };
-
-  // 1. Worker: chunk j of x + e_w -> bits and scale (empty chunks: zero bits, scale 0).
-  timeline::Phase phase("COMPRESS");
-  ops.fill_zero(send, B * N);
-  ops.fill_zero(scales, N * sizeof(float));
-  for (int j = 0; j < size; ++j) {
-    uint8_t* block = send + static_cast<size_t>(j) * B;
-    const size_t b = L.begin(j), len = L.length(j);
-    if (len) ops.onebit_compress(x + b, ew + b, len, m, block, scales + j, mask_at(b));
-    ops.copy(block + bits, scales + j, sizeof(float));
-  }
-
-  // 2. All-to-all: rank j gets every rank's chunk j.
-  phase.next("ALLTOALL");
-  exchange(true, send, recv, B, comm, size, ops, w);
-
-  // 3. Server: a = sum_k fl(w s_k) (2 bit - 1) in rank order, then compressed
-  //    with the server residual into this rank's block (reusing send's first).
-  phase.next("SERVER_REDUCE");
-  const size_t myb = L.begin(rank), mylen = L.length(rank);
-  uint8_t* mine = send;
-  ops.fill_zero(mine, B);
-  ops.fill_zero(scales, N * sizeof(float));
-  if (mylen) {
-    for (int k = 0; k < size; ++k) ops.copy(scales + k, recv + static_cast<size_t>(k) * B + bits, sizeof(float));
-    ops.fill_zero(acc, mylen * sizeof(float));
-    for (int k = 0; k < size; ++k)
-      ops.onebit_decompress_accumulate(recv + static_cast<size_t>(k) * B, scales + k, mylen, m, acc, weight,
-                                       mask_at(myb));
-    ops.onebit_compress(acc, es, mylen, m, mine, scales, mask_at(myb));
-  }
-  ops.copy(mine + bits, scales, sizeof(float));
-
-  // 4. Allgather of the server chunks; 5. every rank decompresses all of them.
-  phase.next("ALLGATHER");
-  exchange(false, mine, gathered, B, comm, size, ops, w);
-  phase.next("DECOMPRESS");
-  for (int j = 0; j < size; ++j) ops.copy(scales + j, gathered + static_cast<size_t>(j) * B + bits, sizeof(float));
-  for (int j = 0; j < size; ++j) {
-    const size_t b = L.begin(j), len = L.length(j);
-    if (len) ops.onebit_decompress(gathered + static_cast<size_t>(j) * B, scales + j, len, m, out + b, mask_at(b));
-  }
-}
-
 void device_onebit(const CompressedArgs& a, MPI_Comm comm, int size, DeviceOps& ops, const DeviceWire& w) {
   const size_t n = a.input.count;
   compressed_detail::agree_finite(
       ops.any_nonfinite(static_cast<const float*>(a.input.data), static_cast<const uint8_t*>(a.mask.data), n), comm,
       size, a, "inf or NaN");
-  DeviceOps::Workspace lease = ops.workspace(w.owner, onebit_workspace_bytes(n, size), w.cache_limit);
-  onebit_two_phase(a, comm, a.average ? 1.0f / static_cast<float>(size) : 1.0f, ops, w,
-                   static_cast<uint8_t*>(lease.get()));
+  DeviceOps::Workspace lease =
+      ops.workspace(w.owner, compressed_detail::onebit_workspace_bytes(n, size), w.cache_limit);
+  compressed_detail::onebit_two_phase(a, comm, a.average ? 1.0f / static_cast<float>(size) : 1.0f, ops,
+                                      w.direct ? nullptr : &w, static_cast<uint8_t*>(lease.get()), nullptr);
 }
 
 // ---- the hierarchical form's node stages (schedule at the top) ----
@@ -331,9 +218,10 @@ void device_hierarchical_compressed_allreduce(const CompressedArgs& a, const Top
 
   // Workspace: the slice's float32 sum (len), the direct node stage's receive slots ((L-1) len),
   // the cross-node stage's buffers.
-  const size_t acc_bytes = aligned(s.len * sizeof(float));
-  const size_t slot_bytes = w.direct ? aligned(static_cast<size_t>(s.L - 1) * s.len * sizeof(float)) : 0;
-  const size_t cross_bytes = onebit ? onebit_workspace_bytes(s.len, s.M) : half_workspace_bytes(s.len);
+  const size_t acc_bytes = ws_aligned(s.len * sizeof(float));
+  const size_t slot_bytes = w.direct ? ws_aligned(static_cast<size_t>(s.L - 1) * s.len * sizeof(float)) : 0;
+  const size_t cross_bytes =
+      onebit ? compressed_detail::onebit_workspace_bytes(s.len, s.M) : half_workspace_bytes(s.len);
   DeviceOps::Workspace lease = ops.workspace(w.owner, acc_bytes + slot_bytes + cross_bytes, w.cache_limit);
   uint8_t* ws = static_cast<uint8_t*>(lease.get());
   float* acc = reinterpret_cast<float*>(ws);
@@ -367,7 +255,7 @@ void device_hierarchical_compressed_allreduce(const CompressedArgs& a, const Top
     c.worker_residual.count = s.len;
     c.server_residual.count = onebit_layout(s.len, s.M).chunk;  // a prefix of the flat layout's chunk
     c.mask.data = const_cast<uint8_t*>(slice_mask);
-    onebit_two_phase(c, topo.cross, weight, ops, w, cross_ws);
+    compressed_detail::onebit_two_phase(c, topo.cross, weight, ops, w.direct ? nullptr : &w, cross_ws, nullptr);
   } else {
     int overflow = s.len ? ops.cast_to_half(acc, cross_ws, s.len, half, weight) : 0;  // pre-divided
     Buffer hb = a.input;

@@ -66,6 +66,7 @@
 #include "../kernels/reduce.h"
 #include "algorithms.h"
 #include "compressed_allreduce.h"
+#include "device_ops.h"
 #include "shm_window.h"
 #include "timeline.h"
 #include "wait_policy.h"
@@ -195,6 +196,7 @@ struct HierScratch {
   std::mutex mu;
   std::vector<float> piece;  // fp16/bf16: one chunk's node sum
   std::vector<float> sum;    // onebit: the slice's node sum
+  std::vector<uint8_t> onebit_ws;  // onebit: the cross-node scheme's workspace
 };
 HierScratch& hier_scratch() {
   static HierScratch s;
@@ -366,7 +368,11 @@ void onebit_hierarchical(const CompressedArgs& a, const Topology& topo, ShmWindo
   c.server_residual.count = onebit_layout(s.len, s.M).chunk;  // a prefix of the flat layout's chunk (see header)
   c.mask.data = const_cast<uint8_t*>(slice_mask);
   const float weight = a.average ? 1.0f / static_cast<float>(topo.size) : 1.0f;
-  if (s.len) compressed_detail::onebit_two_phase(c, topo.cross, weight, reinterpret_cast<uint8_t*>(node.result(s.me)));
+  if (s.len) {
+    hs.onebit_ws.resize(std::max(hs.onebit_ws.size(), compressed_detail::onebit_workspace_bytes(s.len, s.M)));
+    compressed_detail::onebit_two_phase(c, topo.cross, weight, cpu_device_ops(), nullptr, hs.onebit_ws.data(),
+                                        reinterpret_cast<uint8_t*>(node.result(s.me)));
+  }
 
   phase.next("LOCAL_ALLGATHER");
   shm.fence();  // every slice's blocks are in the window
