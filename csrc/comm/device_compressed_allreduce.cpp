@@ -8,6 +8,8 @@
 //     (fp16/bf16: the double-buffered pipeline of staging.h, with the ring's
 //     sums on the host; onebit: its all-to-all and allgather blocks, n/8 + 4N
 //     bytes, one copy down and one up for each).
+// The onebit scheme itself is the host form's (compressed_detail::onebit_two_phase,
+// compressed_allreduce.cpp), run here with the tensor's table.
 // Working memory comes from the table's workspace (cached, grows 2x, bounded
 // by PYCOMM_DEVICE_CACHE_MB; one block per engine and call), the
 // ring's slots from the MemoryMover's, so a steady stream of calls allocates
