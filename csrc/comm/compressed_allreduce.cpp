@@ -1,5 +1,5 @@
-// Compressed allreduce: fp16/bf16 and the two-phase 1-bit scheme (see the header),
-// and the engine's entry point Engine::compressed_allreduce.
+// Compressed allreduce: fp16/bf16 and the two-phase 1-bit scheme (see the header).
+// The engine's entry point, Engine::compressed_allreduce, is in engine_ops.cpp.
 #include "compressed_allreduce.h"
 
 #include <cfloat>
@@ -13,10 +13,7 @@
 #include "../kernels/cpu_dispatch.h"
 #include "../kernels/onebit.h"
 #include "algorithms.h"
-#include "coordinator.h"
 #include "device_ops.h"
-#include "engine.h"
-#include "shm_window.h"
 #include "staging.h"
 #include "timeline.h"
 
@@ -381,82 +378,6 @@ void onebit_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, Compres
   uint8_t* ws = sized(s.a, compressed_detail::onebit_workspace_bytes(n, size));
   compressed_detail::onebit_two_phase(a, comm, a.average ? 1.0f / static_cast<float>(size) : 1.0f, cpu_device_ops(),
                                       nullptr, ws, nullptr);
-}
-
-WorkPtr Engine::compressed_allreduce(const CompressedArgs& args, std::shared_ptr<void> keepalive, bool blocking) {
-  // Everything on the input's device: a compressed allreduce never moves a
-  // tensor or its state to other memory behind the caller's back.
-  auto where = [](const Buffer& b) {
-    return b.device == Device::CPU ? std::string("the host") : "cuda:" + std::to_string(b.device_index);
-  };
-  auto same_device = [&](const Buffer& b) {
-    return b.device == args.input.device && (b.device == Device::CPU || b.device_index == args.input.device_index);
-  };
-  if (args.input.dtype != DType::F32 || args.output.dtype != DType::F32 || args.input.count != args.output.count)
-    throw CommError("compressed allreduce: input and output must be float32 buffers of the same size");
-  if (!same_device(args.output))
-    throw CommError("compressed allreduce of '" + args.name + "': the input is on " + where(args.input) +
-                    ", out on " + where(args.output) + "; pass out on the input's device");
-  if (args.compression == Compression::ONEBIT) {
-    const OneBitLayout L = onebit_layout(args.input.count, topo_.size);
-    const std::string dev = where(args.input);
-    if (args.worker_residual.dtype != DType::F32 || args.worker_residual.count != L.n ||
-        !same_device(args.worker_residual))
-      throw CommError("compressed allreduce: the worker residual must be a float32 buffer of " +
-                      std::to_string(L.n) + " elements on " + dev + " (the tensor's device)");
-    if (args.server_residual.dtype != DType::F32 || args.server_residual.count != L.chunk ||
-        !same_device(args.server_residual))
-      throw CommError("compressed allreduce: the server residual must be a float32 buffer of " +
-                      std::to_string(L.chunk) + " elements at " + std::to_string(topo_.size) + " ranks on " + dev +
-                      " (the tensor's device)");
-    if (args.mask.data && (args.mask.count != L.n || !same_device(args.mask)))
-      throw CommError("compressed allreduce: the mask must be a buffer of " + std::to_string(L.n) + " bytes on " +
-                      dev + " (the tensor's device)");
-  }
-
-  // The agreement check compares the compression too: it leads the name
-  // ("onebit+mask:grad.w"), which the disagreement message shows.
-  Signature sig;
-  sig.kind = static_cast<int32_t>(Collective::ALLREDUCE);
-  sig.dtype = static_cast<int32_t>(args.input.dtype);
-  sig.device = static_cast<int32_t>(args.input.device);
-  sig.numel = static_cast<int64_t>(args.input.count);
-  sig.ndim = 1;
-  sig.dims[0] = sig.numel;
-  sig.op = static_cast<int32_t>(ReduceOp::SUM);
-  sig.extra = args.average ? 1 : 0;
-  std::string tag = compression_name(args.compression);
-  if (args.mask.data) tag += "+mask";
-  sig.set_name(tag + ":" + args.name);
-
-  // Across nodes of equal size with several ranks each, only the cross-node
-  // stage is compressed (hierarchical form); otherwise the flat form over all ranks.
-  // Device memory (and host memory forced onto a device path) takes the
-  // device forms of both, whose kernels run on the tensor's memory.
-  const bool across_nodes = topo_.num_nodes > 1 && homogeneous_ && topo_.local_size > 1;
-  return submit_custom(sig, "allreduce " + tag + " " + args.name, std::move(keepalive), [this, args, across_nodes] {
-    CompressedStats st;
-    // force_staging / force_device_direct choose the path; else device memory goes direct when MPI can read it.
-    const bool device = args.input.device != Device::CPU;
-    const bool direct = active_.force_device_direct || (device && cuda_aware_ && !active_.force_staging);
-    if (direct) check_direct(args.input, "compressed allreduce of '" + args.name + "'");
-    if (direct || device || active_.force_staging) {
-      DeviceOps& ops = device ? cuda_device_ops(args.input.device_index) : cpu_device_ops();
-      MemoryMover& mover = mover_for(args.input);
-      DeviceWire wire{mover,   direct, *staging_, active_.staging_chunk_bytes, active_.ring_chunk_bytes,
-                      this,    mover.cache_limit()};
-      if (across_nodes)  // staged: the node's float32 sum in the host window
-        device_hierarchical_compressed_allreduce(args, topo_, ops, wire, direct ? nullptr : &shm(), &st);
-      else
-        device_compressed_allreduce(args, topo_.world, ops, wire, &st);
-    } else if (across_nodes)
-      hierarchical_compressed_allreduce(args, topo_, shm(), active_.shm_chunk_bytes, &st);
-    else if (args.compression == Compression::ONEBIT)
-      onebit_compressed_allreduce(args, topo_.world, &st);
-    else
-      half_compressed_allreduce(args, topo_.world, active_.ring_chunk_bytes, &st);
-    if (args.stats) *args.stats = st;
-  }, blocking);
 }
 
 }  // namespace comm

@@ -1,13 +1,19 @@
-// Engine operations beyond allreduce/broadcast/allgather: reduce_scatter and
-// alltoall. Each is one coordinated, non-fused operation on the engine thread
-// (the ranks agree on kind, dtype, shape, op and algorithm first). Device
-// memory travels through one host copy each way.
+// Engine operations beyond allreduce/broadcast/allgather: reduce_scatter,
+// alltoall and the compressed allreduce. Each is one coordinated, non-fused
+// operation on the engine thread (the ranks agree on kind, dtype, shape, op and
+// algorithm first). reduce_scatter and alltoall move device memory through one
+// host copy each way; the compressed allreduce picks its form (flat or
+// hierarchical, host or device memory) and runs it from compressed_allreduce.h.
 #include <cstring>
 
 #include "../kernels/reduce.h"
 #include "algorithms.h"
+#include "compressed_allreduce.h"
+#include "device_ops.h"
 #include "engine.h"
 #include "memory_mover.h"
+#include "shm_window.h"
+#include "staging.h"
 
 namespace pycomm {
 namespace comm {
@@ -130,6 +136,82 @@ WorkPtr Engine::alltoall(const AlltoallArgs& args, std::shared_ptr<void> keepali
     copy_to_host(mover, hs.data(), args.input.data, hs.size());
     PairwiseAlltoall(topo_.world).run(hs.data(), soff, sbytes, hr.data(), roff, rbytes);
     copy_to_device(mover, out, hr.data(), hr.size());
+  }, blocking);
+}
+
+WorkPtr Engine::compressed_allreduce(const CompressedArgs& args, std::shared_ptr<void> keepalive, bool blocking) {
+  // Everything on the input's device: a compressed allreduce never moves a
+  // tensor or its state to other memory behind the caller's back.
+  auto where = [](const Buffer& b) {
+    return b.device == Device::CPU ? std::string("the host") : "cuda:" + std::to_string(b.device_index);
+  };
+  auto same_device = [&](const Buffer& b) {
+    return b.device == args.input.device && (b.device == Device::CPU || b.device_index == args.input.device_index);
+  };
+  if (args.input.dtype != DType::F32 || args.output.dtype != DType::F32 || args.input.count != args.output.count)
+    throw CommError("compressed allreduce: input and output must be float32 buffers of the same size");
+  if (!same_device(args.output))
+    throw CommError("compressed allreduce of '" + args.name + "': the input is on " + where(args.input) +
+                    ", out on " + where(args.output) + "; pass out on the input's device");
+  if (args.compression == Compression::ONEBIT) {
+    const OneBitLayout L = onebit_layout(args.input.count, topo_.size);
+    const std::string dev = where(args.input);
+    if (args.worker_residual.dtype != DType::F32 || args.worker_residual.count != L.n ||
+        !same_device(args.worker_residual))
+      throw CommError("compressed allreduce: the worker residual must be a float32 buffer of " +
+                      std::to_string(L.n) + " elements on " + dev + " (the tensor's device)");
+    if (args.server_residual.dtype != DType::F32 || args.server_residual.count != L.chunk ||
+        !same_device(args.server_residual))
+      throw CommError("compressed allreduce: the server residual must be a float32 buffer of " +
+                      std::to_string(L.chunk) + " elements at " + std::to_string(topo_.size) + " ranks on " + dev +
+                      " (the tensor's device)");
+    if (args.mask.data && (args.mask.count != L.n || !same_device(args.mask)))
+      throw CommError("compressed allreduce: the mask must be a buffer of " + std::to_string(L.n) + " bytes on " +
+                      dev + " (the tensor's device)");
+  }
+
+  // The agreement check compares the compression too: it leads the name
+  // ("onebit+mask:grad.w"), which the disagreement message shows.
+  Signature sig;
+  sig.kind = static_cast<int32_t>(Collective::ALLREDUCE);
+  sig.dtype = static_cast<int32_t>(args.input.dtype);
+  sig.device = static_cast<int32_t>(args.input.device);
+  sig.numel = static_cast<int64_t>(args.input.count);
+  sig.ndim = 1;
+  sig.dims[0] = sig.numel;
+  sig.op = static_cast<int32_t>(ReduceOp::SUM);
+  sig.extra = args.average ? 1 : 0;
+  std::string tag = compression_name(args.compression);
+  if (args.mask.data) tag += "+mask";
+  sig.set_name(tag + ":" + args.name);
+
+  // Across nodes of equal size with several ranks each, only the cross-node
+  // stage is compressed (hierarchical form); otherwise the flat form over all ranks.
+  // Device memory (and host memory forced onto a device path) takes the
+  // device forms of both, whose kernels run on the tensor's memory.
+  const bool across_nodes = topo_.num_nodes > 1 && homogeneous_ && topo_.local_size > 1;
+  return submit_custom(sig, "allreduce " + tag + " " + args.name, std::move(keepalive), [this, args, across_nodes] {
+    CompressedStats st;
+    // force_staging / force_device_direct choose the path; else device memory goes direct when MPI can read it.
+    const bool device = args.input.device != Device::CPU;
+    const bool direct = active_.force_device_direct || (device && cuda_aware_ && !active_.force_staging);
+    if (direct) check_direct(args.input, "compressed allreduce of '" + args.name + "'");
+    if (direct || device || active_.force_staging) {
+      DeviceOps& ops = device ? cuda_device_ops(args.input.device_index) : cpu_device_ops();
+      MemoryMover& mover = mover_for(args.input);
+      DeviceWire wire{mover,   direct, *staging_, active_.staging_chunk_bytes, active_.ring_chunk_bytes,
+                      this,    mover.cache_limit()};
+      if (across_nodes)  // staged: the node's float32 sum in the host window
+        device_hierarchical_compressed_allreduce(args, topo_, ops, wire, direct ? nullptr : &shm(), &st);
+      else
+        device_compressed_allreduce(args, topo_.world, ops, wire, &st);
+    } else if (across_nodes)
+      hierarchical_compressed_allreduce(args, topo_, shm(), active_.shm_chunk_bytes, &st);
+    else if (args.compression == Compression::ONEBIT)
+      onebit_compressed_allreduce(args, topo_.world, &st);
+    else
+      half_compressed_allreduce(args, topo_.world, active_.ring_chunk_bytes, &st);
+    if (args.stats) *args.stats = st;
   }, blocking);
 }
 
