@@ -146,7 +146,7 @@ void flush_before_waiting(const comm::Work& work, int64_t group) {
 namespace {
 void record_on_lanes(const at::Tensor& t, comm::Engine& engine) {
 #ifdef PYCOMM_WITH_CUDA
-  const auto lanes = engine.device_lanes(t.get_device());
+  const auto lanes = engine.executor().device_lanes(t.get_device());
   for (void* s : {lanes.first, lanes.second})
     if (s)
       t.record_stream(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(s),
@@ -623,7 +623,7 @@ void register_comm(py::module_& m) {
   }, py::arg("algorithm"), py::arg("size"), py::arg("num_nodes"), py::arg("local_size"), py::arg("homogeneous"),
      "Why `algorithm` cannot run on a job of this shape, or '' when it can.");
   m.def("resolve_algorithm", [](const std::string& algorithm, size_t bytes) {
-    return std::string(comm::algorithm_name(engine().resolve(parse_algorithm(algorithm), bytes, engine().options())));
+    return std::string(comm::algorithm_name(engine().executor().resolve(parse_algorithm(algorithm), bytes, engine().options())));
   }, "The algorithm that `algorithm` (e.g. 'auto') means for a message of `bytes` on this topology.");
 
   m.def("allreduce_async", &allreduce_async, py::arg("input"), py::arg("output"), py::arg("op"), py::arg("average"),

@@ -46,7 +46,7 @@ struct AllreduceRun {
   MemoryMover* device = nullptr;    // the buffer's memory on the device-direct path; null on the host
 };
 
-// How a fused batch of small tensors uses the algorithm (engine.cpp, run_fused).
+// How a fused batch of small tensors uses the algorithm (executor.cpp, Executor::fused_allreduce).
 enum class WindowFusion {
   NONE,   // pack into the fusion buffer, run the algorithm on it, unpack
   LOCAL,  // reduce straight from the tensors in the node's window (no pack or unpack pass)

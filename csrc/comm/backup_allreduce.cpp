@@ -299,7 +299,7 @@ void Engine::run_backup_session(BackupSession& s) {
       a.average = false;
       a.algorithm = Algorithm::AUTO;
       a.name = s.name();
-      run_allreduce(a);
+      exec_->allreduce(a);
     }
     if (n > 0 && n_counted > 1) kernels::scale_cpu(st.average.data(), n, DType::F32, 1.0 / n_counted);
     s.push(std::move(st));

@@ -1,5 +1,5 @@
 // Compressed allreduce: fp16/bf16 and the two-phase 1-bit scheme (see the header).
-// The engine's entry point, Engine::compressed_allreduce, is in engine_ops.cpp.
+// The engine runs these schemes from Executor::compressed_allreduce (executor_ops.cpp).
 #include "compressed_allreduce.h"
 
 #include <cfloat>

@@ -4,16 +4,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <optional>
 #include <sstream>
 
-#include "../kernels/fusion.h"
 #include "../kernels/reduce.h"
-#include "algorithms.h"
-#include "device_ops.h"
+#include "compressed_allreduce.h"
+#include "memory_mover.h"
 #include "mpi_types.h"
-#include "shm_window.h"
-#include "staging.h"
 #include "timeline.h"
 
 namespace pycomm {
@@ -115,10 +113,9 @@ void Work::then(std::function<void(std::exception_ptr)> fn) {
 }
 
 Engine::Engine(const Topology& topo, MPI_Comm control, bool homogeneous, const EngineOptions& options)
-    : topo_(topo), homogeneous_(homogeneous), options_(options), active_(options), coordinator_(control),
-      staging_(std::make_unique<StagingBuffers>()) {
+    : topo_(topo), options_(options), active_(options), coordinator_(control) {
   mpi_types_init();
-  cuda_aware_ = mpi_is_cuda_aware();
+  exec_ = std::make_unique<Executor>(topo_, homogeneous, active_);
   worker_ = std::thread([this] { loop(); });
 }
 
@@ -141,10 +138,7 @@ Engine::~Engine() {
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
-  shm_.reset();  // collective over the node: every rank shuts down
-  staging_.reset();  // before the movers that own its memory
-  cuda_movers_.clear();
-  host_mover_.reset();
+  exec_.reset();  // collective over the node (its shm window): every rank shuts down
   mpi_types_finalize();
 }
 
@@ -200,11 +194,6 @@ Engine::Stats Engine::stats() const {
   return s;
 }
 
-ShmWindow& Engine::shm() {
-  if (!shm_) shm_ = std::make_unique<ShmWindow>(topo_.local);
-  shm_->set_growth_limit(active_.fusion_threshold_bytes);  // the same on every rank (agreed options)
-  return *shm_;
-}
 
 // ---------------------------------------------------------------- queueing
 
@@ -429,10 +418,10 @@ size_t Engine::execute(std::vector<Op*>& batch) {
         run_with_joined(batch, count, joined);
       } else if (count == 1) {
         Op* op = batch.front();
-        if (op->fusable) run_allreduce(op->allreduce);
+        if (op->fusable) exec_->allreduce(op->allreduce);
         else op->body();
       } else {
-        run_fused(std::vector<Op*>(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(count)));
+        run_fused(batch, count);
       }
       record_done(batch, count);
     } catch (...) {
@@ -443,26 +432,7 @@ size_t Engine::execute(std::vector<Op*>& batch) {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.operations += count;
     if (count > 1) stats_.fused_tensors += count;
-    if (shm_) stats_.shm_allocations = shm_->allocations(), stats_.shm_segment_bytes = shm_->capacity();
-    stats_.fusion_buffer_bytes = fusion_buffer_.size();
-    stats_.staging_bytes = 2 * staging_->bytes;
-    stats_.device_cache_bytes = stats_.device_cache_allocations = 0;
-    stats_.device_fusion_bytes = stats_.device_fusion_allocations = 0;
-    auto count_mover = [this](const MemoryMover* m) {
-      if (!m) return;
-      stats_.device_cache_bytes += m->cached_bytes();
-      stats_.device_cache_allocations += m->allocations();
-      stats_.device_fusion_bytes += m->fusion_bytes();
-      stats_.device_fusion_allocations += m->fusion_allocations();
-    };
-    {
-      std::lock_guard<std::mutex> movers(movers_mu_);  // after mu_: mover_for never takes mu_
-      count_mover(host_mover_.get());
-      for (const auto& m : cuda_movers_) count_mover(m.get());
-    }
-    const WorkspaceStats ws = device_ops_workspace_stats();  // the compressed allreduce's device workspaces
-    stats_.device_cache_bytes += ws.bytes;
-    stats_.device_cache_allocations += ws.allocations;
+    exec_->memory_stats(&stats_);  // takes the movers' lock after mu_: mover_for never takes mu_
     // Described only when a stall report asks (status()): describe() formats through a stream.
     last_sig_ = batch.front()->sig;
     last_count_ = count;
@@ -479,199 +449,10 @@ size_t Engine::execute(std::vector<Op*>& batch) {
   return popped;
 }
 
-// ---------------------------------------------------------------- allreduce
-
-JobShape Engine::job_shape() const {
-  return JobShape{topo_.size, topo_.num_nodes, topo_.local_size, homogeneous_};
-}
-
-Algorithm Engine::resolve(Algorithm requested, size_t bytes, const EngineOptions& o) const {
-  if (requested != Algorithm::AUTO) return requested;
-  return choose_auto(bytes, job_shape(), o.auto_ring_min_bytes, o.auto_table);
-}
-
-const AllreduceAlgorithm& Engine::checked_algorithm(Algorithm a) const {
-  const std::string why = allreduce_refusal(a, job_shape());
-  if (!why.empty()) throw CommError(why);
-  return allreduce_algorithm(a);
-}
-
-AllreduceRun Engine::allreduce_run(MemoryMover* device) {
-  return AllreduceRun{topo_, active_.ring_chunk_bytes, active_.shm_chunk_bytes,
-                      [this]() -> ShmWindow& { return shm(); }, device};
-}
-
-namespace {
-
-// PYCOMM_DEVICE_CACHE_MB: the most working memory a mover keeps between operations (default 256).
-size_t device_cache_limit() {
-  const char* raw = std::getenv("PYCOMM_DEVICE_CACHE_MB");
-  if (!raw || !*raw) return size_t(256) << 20;
-  char* end = nullptr;
-  unsigned long long mb = std::strtoull(raw, &end, 10);
-  if (*end != '\0' || raw[0] == '-')
-    throw CommError(std::string("PYCOMM_DEVICE_CACHE_MB=") + raw + " must be a whole number of MiB (0: keep nothing)");
-  return static_cast<size_t>(mb) << 20;
-}
-
-}  // namespace
-
-std::pair<void*, void*> Engine::device_lanes(int device) {
-  Buffer b;
-  b.device = Device::CUDA;
-  b.device_index = device;
-  MemoryMover& m = mover_for(b);
-  return {m.lane_stream(0), m.lane_stream(1)};
-}
-
-MemoryMover& Engine::mover_for(const Buffer& buf) {
-  std::lock_guard<std::mutex> lock(movers_mu_);
-  if (buf.device == Device::CPU) {
-    if (!host_mover_) {
-      host_mover_ = std::make_unique<HostMover>();
-      host_mover_->set_cache_limit(device_cache_limit());
-    }
-    return *host_mover_;
-  }
-  const size_t d = static_cast<size_t>(std::max(buf.device_index, 0));
-  if (cuda_movers_.size() <= d) cuda_movers_.resize(d + 1);
-  if (!cuda_movers_[d]) {
-    cuda_movers_[d] = make_cuda_mover(static_cast<int>(d));
-    cuda_movers_[d]->set_cache_limit(device_cache_limit());
-  }
-  return *cuda_movers_[d];
-}
-
-void Engine::check_direct(const Buffer& buf, const std::string& what) const {
-  if (buf.device == Device::CPU) return;  // host memory (the stand-ins included): any MPI reads it
-  const std::string why = direct_path_refusal(what, cuda_aware_, active_.force_device_direct, mpi_library_cuda_support(),
-                                              std::getenv("PYCOMM_CUDA_AWARE"));
-  if (!why.empty()) throw CommError(why);
-}
-
-void Engine::run_allreduce(const AllreduceArgs& a) {
-  const bool device = a.input.device != Device::CPU;
-  if ((device && cuda_aware_) || active_.force_device_direct) {
-    check_direct(a.input, "allreduce of '" + a.name + "'");
-    return run_device_allreduce(a);
-  }
-  if (device || active_.force_staging) return run_staged_allreduce(a);
-  run_host_allreduce(a);
-}
-
-// Device memory with a CUDA-aware MPI: device pointers go straight to MPI
-// (GPUDirect RDMA where the cluster has it) and the reductions run on the GPU.
-// There is no host shared-memory window on this path: `auto` replaces an
-// algorithm without a device form (shm, hierarchical_master) by the nearest one
-// with it (device_substitute); naming one explicitly is an error.
-void Engine::run_device_allreduce(const AllreduceArgs& a) {
-  const Buffer& out = a.output;
-  Algorithm algo = resolve(a.algorithm, out.bytes(), active_);
-  if (a.algorithm == Algorithm::AUTO) algo = device_substitute(algo, out.bytes(), active_.auto_ring_min_bytes);
-  const AllreduceAlgorithm& entry = allreduce_algorithm(algo);
-  if (!entry.device) {
-    std::string names;
-    for (const auto& e : allreduce_algorithms())
-      if (e.device) names += std::string(names.empty() ? "'" : ", '") + e.name + "'";
-    throw CommError(std::string("allreduce algorithm '") + entry.name +
-                    "' needs a host shared-memory window; device memory under a CUDA-aware MPI runs " + names);
-  }
-  checked_algorithm(algo);
-  MemoryMover& gpu = mover_for(out);
-  gpu.wait_lane(0);  // a fused batch's pack (lane 0) has written the buffer MPI is about to read
-  if (out.data != a.input.data && a.input.count) gpu.copy(out.data, a.input.data, a.input.bytes());
-  if (out.count == 0 || topo_.size == 1) return;
-  const AverageRule avg = AverageRule::of(a.average, out.dtype, topo_.size);
-  if (avg.before != 1.0) gpu.scale(out.data, out.count, out.dtype, avg.before);
-  entry.device(out, a.op, allreduce_run(&gpu));
-  if (avg.after != 1.0) gpu.scale(out.data, out.count, out.dtype, avg.after);
-}
-
-// Device memory with an MPI that cannot touch it (or any memory, when forced
-// for testing): chunks go down to pinned host buffers, are reduced across
-// ranks on the host by the chosen algorithm, and go back up.
-void Engine::run_staged_allreduce(const AllreduceArgs& a) {
-  if (a.input.count == 0) return;
-  MemoryMover& mover = mover_for(a.input);
-  // No host wait for the last uploads: the done event (record_done) and a fused batch's unpack
-  // (lane 0) follow them on the device.
-  staged_allreduce(a.input, a.output, mover, *staging_, active_.staging_chunk_bytes, [&](const Buffer& chunk) {
-    AllreduceArgs h = a;
-    h.input = h.output = chunk;
-    run_host_allreduce(h);
-  }, false);
-}
-
-void Engine::run_host_allreduce(const AllreduceArgs& a) {
-  const Buffer& out = a.output;
-  if (out.data != a.input.data && a.input.count) std::memcpy(out.data, a.input.data, a.input.bytes());
-  if (out.count == 0 || topo_.size == 1) return;
-
-  // Check what the topology allows before any data moves (same verdict on every rank).
-  const AllreduceAlgorithm& entry = checked_algorithm(resolve(a.algorithm, out.bytes(), active_));
-
-  const AverageRule avg = AverageRule::of(a.average, out.dtype, topo_.size);
-  if (avg.before != 1.0) kernels::scale_cpu(out.data, out.count, out.dtype, avg.before);
-
-  timeline::Phase phase(timeline::on() ? entry.phase : nullptr);
-  entry.host(out, a.op, allreduce_run(nullptr));
-  if (avg.after != 1.0) kernels::scale_cpu(out.data, out.count, out.dtype, avg.after);
-}
-
-void Engine::run_fused(const std::vector<Op*>& ops) {
-  const AllreduceArgs& head = ops.front()->allreduce;
-  if (device_fusion(head)) return run_device_fused(ops);
-  const DType dtype = head.input.dtype;
-  std::vector<const void*> srcs;
-  std::vector<void*> dsts;
-  std::vector<size_t> counts;
-  size_t total = 0;
-  for (const Op* op : ops) {
-    srcs.push_back(op->allreduce.input.data);
-    dsts.push_back(op->allreduce.output.data);
-    counts.push_back(op->allreduce.input.count);
-    total += op->allreduce.input.count;
-  }
-  const size_t bytes = total * kernels::dtype_size(dtype);
-  const Algorithm algo = resolve(head.algorithm, bytes, active_);
-  // Refused shapes fall through to run_allreduce, which names the reason.
-  const WindowFusion window = allreduce_refusal(algo, job_shape()).empty() ? allreduce_algorithm(algo).fusion
-                                                                            : WindowFusion::NONE;
-  if (!active_.force_staging && topo_.size > 1 && topo_.local_size > 1 && window != WindowFusion::NONE) {
-    FusedTensors t;
-    t.srcs = srcs;
-    t.dsts = dsts;
-    t.counts = counts;
-    t.dtype = dtype;
-    t.world_size = topo_.size;
-    const AverageRule avg = AverageRule::of(head.average, dtype, topo_.size);
-    timeline::Phase phase("SHM_FUSED_ALLREDUCE");
-    windowed_fused_allreduce(t, head.op, avg.before != 1.0, avg.after, shm(),
-                             window == WindowFusion::CROSS ? topo_.cross : MPI_COMM_NULL,
-                             active_.ring_chunk_bytes, active_.shm_chunk_bytes);
-    return;
-  }
-  if (fusion_buffer_.size() < bytes) fusion_buffer_.resize(bytes);
-  timeline::Phase phase("PACK");
-  // One pack in batch order (the same on every rank), one allreduce, one
-  // unpack with the average's 1/N fused in (fp16/bf16 are pre-divided instead).
-  kernels::fusion_pack_cpu(srcs.data(), counts.data(), counts.size(), fusion_buffer_.data(), dtype);
-  double unpack_scale = 1.0;
-  AllreduceArgs fused = fused_args(head, fusion_buffer_.data(), total, &unpack_scale);
-  phase.next(nullptr);
-  run_allreduce(fused);
-  phase.next("UNPACK");
-  kernels::fusion_unpack_cpu(fusion_buffer_.data(), dsts.data(), counts.data(), counts.size(), dtype, unpack_scale);
-}
-
-AllreduceArgs Engine::fused_args(const AllreduceArgs& head, void* flat, size_t total, double* unpack_scale) const {
-  AllreduceArgs fused = head;
-  fused.input.data = fused.output.data = flat;
-  fused.input.count = fused.output.count = total;
-  // A division after the sum moves into the unpack; a division before it stays with the allreduce.
-  *unpack_scale = AverageRule::of(head.average, head.input.dtype, topo_.size).after;
-  if (*unpack_scale != 1.0) fused.average = false;
-  return fused;
+void Engine::run_fused(const std::vector<Op*>& batch, size_t count) {
+  std::vector<const AllreduceArgs*> args(count);
+  for (size_t i = 0; i < count; ++i) args[i] = &batch[i]->allreduce;
+  exec_->fused_allreduce(args);
 }
 
 // ---------------------------------------------------------------- public operations
@@ -692,10 +473,10 @@ Engine::Op Engine::allreduce_op(const AllreduceArgs& args, std::shared_ptr<void>
   op.sig.op = static_cast<int32_t>(args.op);
   op.sig.extra = args.average ? 1 : 0;
   op.sig.algorithm = static_cast<int32_t>(args.algorithm);
-  op.fusable = true;  // device tensors fuse in the device fusion buffer (engine_device.cpp)
+  op.fusable = true;  // device tensors fuse in the device fusion buffer (executor.cpp)
   op.allreduce = args;
   // A device allreduce while ranks have joined runs alone (engine_join.cpp).
-  if (args.input.device != Device::CPU) op.body = [this, args] { run_allreduce(args); };
+  if (args.input.device != Device::CPU) op.body = [this, args] { exec_->allreduce(args); };
   return op;
 }
 
@@ -766,44 +547,8 @@ WorkPtr Engine::broadcast(const Buffer& buf, int root, std::string name, std::sh
                           bool blocking) {
   Signature sig = Signature::of(Collective::BROADCAST, buf, flat_shape(buf), name);
   sig.root = root;
-  return submit_custom(sig, "broadcast " + name, std::move(keepalive), [this, buf, root] {
-    if (topo_.size == 1 || buf.count == 0) return;
-    // Host memory goes to MPI as it is, unless force_staging makes it stand in for device memory.
-    const bool staged = buf.device == Device::CPU ? active_.force_staging && !active_.force_device_direct
-                                                  : !cuda_aware_;
-    if (!staged) {
-      check_direct(buf, "broadcast");
-      return comm::broadcast(buf, root, topo_.world);
-    }
-    staged_broadcast(buf, root);
-  }, blocking);
-}
-
-// Device memory without a CUDA-aware MPI: through the two cached pinned staging chunks, double-
-// buffered as in staged_allreduce (staging.h). Chunk k (staging_chunk_bytes): the root copies it down
-// on lane k % 2 while chunk k-1 is broadcast; the others broadcast into the host chunk and copy it up
-// on lane k % 2. The host waits per chunk, for the copy MPI reads next (root) or the upload whose
-// buffer it reuses (others); the last uploads are ordered by the done event. Bytes per rank: S down
-// (root) or S up (others), S over MPI.
-void Engine::staged_broadcast(const Buffer& buf, int root) {
-  MemoryMover& mover = mover_for(buf);
-  const size_t bytes = buf.bytes();
-  const size_t chunk = staged_broadcast_chunk();
-  const size_t chunks = (bytes + chunk - 1) / chunk;
-  const bool is_root = topo_.rank == root;
-  staging_->reserve(mover, std::min(bytes, chunk));
-  char* base = static_cast<char*>(buf.data);
-  auto len_of = [&](size_t k) { return std::min(chunk, bytes - k * chunk); };
-  if (is_root) mover.to_host_async(staging_->chunk[0], base, len_of(0), 0);
-  for (size_t k = 0; k < chunks; ++k) {
-    const int lane = static_cast<int>(k % 2);
-    mover.wait_lane(lane);
-    if (is_root && k + 1 < chunks)
-      mover.to_host_async(staging_->chunk[1 - lane], base + (k + 1) * chunk, len_of(k + 1), 1 - lane);
-    PYCOMM_MPI_CHECK(MPI_Bcast(staging_->chunk[lane], static_cast<int>(len_of(k)), MPI_BYTE, root, topo_.world));
-    if (!is_root) mover.to_device_async(base + k * chunk, staging_->chunk[lane], len_of(k), lane);
-  }
-  mover.join_lanes();
+  return submit_custom(sig, "broadcast " + name, std::move(keepalive), [this, buf, root] { exec_->broadcast(buf, root); },
+                       blocking);
 }
 
 WorkPtr Engine::allgather(const Buffer& send, size_t rows, std::vector<int64_t> row_shape,
@@ -815,27 +560,9 @@ WorkPtr Engine::allgather(const Buffer& send, size_t rows, std::vector<int64_t> 
   size_t row_elems = 1;
   for (int64_t d : row_shape) row_elems *= static_cast<size_t>(d);
   const size_t row_bytes = row_elems * kernels::dtype_size(send.dtype);
-  return submit_custom(sig, "allgather " + name, std::move(keepalive), [this, send, rows, row_bytes, allocate] {
-    if (send.device == Device::CPU || cuda_aware_) {
-      check_direct(send, "allgather");
-      allgatherv(send.data, rows, row_bytes, topo_.world, allocate);
-      return;
-    }
-    MemoryMover& mover = mover_for(send);  // device memory through host copies
-    std::vector<char> mine(rows * row_bytes), all;
-    mover.to_host_async(mine.data(), send.data, mine.size(), 0);
-    mover.wait_lane(0);
-    void* device_out = nullptr;
-    allgatherv(mine.data(), rows, row_bytes, topo_.world, [&](size_t total_rows) -> void* {
-      device_out = allocate(total_rows);
-      all.resize(total_rows * row_bytes);
-      return all.data();
-    });
-    if (!all.empty()) {
-      mover.to_device_async(device_out, all.data(), all.size(), 0);
-      mover.wait_lane(0);
-    }
-  }, false);
+  return submit_custom(sig, "allgather " + name, std::move(keepalive),
+                       [this, send, rows, row_bytes, allocate] { exec_->allgather(send, rows, row_bytes, allocate); },
+                       false);
 }
 
 void Engine::flush() {
@@ -853,6 +580,132 @@ WorkPtr Engine::barrier(bool blocking) {
   Signature sig;
   sig.kind = static_cast<int32_t>(Collective::BARRIER);
   return submit_custom(sig, "barrier", nullptr, [this] { PYCOMM_MPI_CHECK(MPI_Barrier(topo_.world)); }, blocking);
+}
+
+WorkPtr Engine::reduce_scatter(const ReduceScatterArgs& args, std::shared_ptr<void> keepalive, bool blocking) {
+  const int n = topo_.size, r = topo_.rank;
+  if (args.segments.size() != static_cast<size_t>(n) + 1 || args.segments.front() != 0 ||
+      args.segments.back() != args.input.count)
+    throw CommError("reduce_scatter: the segment table must have size+1 offsets from 0 to the input's length");
+  if (args.output.count != args.segments[r + 1] - args.segments[r] || args.output.dtype != args.input.dtype)
+    throw CommError("reduce_scatter: the output must hold this rank's segment (" +
+                    std::to_string(args.segments[r + 1] - args.segments[r]) + " elements of the input's dtype)");
+  if (args.algorithm != Algorithm::AUTO && args.algorithm != Algorithm::RING && args.algorithm != Algorithm::MPI)
+    throw CommError(std::string("reduce_scatter: algorithm '") + algorithm_name(args.algorithm) +
+                    "' is an allreduce algorithm; choose auto, ring or mpi");
+  Signature sig = Signature::of(Collective::REDUCE_SCATTER, args.input, args.shape, args.name);
+  sig.op = static_cast<int32_t>(args.op);
+  sig.extra = args.average ? 1 : 0;
+  sig.algorithm = static_cast<int32_t>(args.algorithm);
+  return submit_custom(sig, "reduce_scatter " + args.name, std::move(keepalive), [this, args] { exec_->reduce_scatter(args); },
+                       blocking);
+}
+
+WorkPtr Engine::alltoall(const AlltoallArgs& args, std::shared_ptr<void> keepalive, bool blocking) {
+  const int n = topo_.size;
+  if (args.send_rows.size() != static_cast<size_t>(n))
+    throw CommError("alltoall: give one send count per rank (" + std::to_string(n) + ")");
+  if (!args.recv_rows.empty() && args.recv_rows.size() != static_cast<size_t>(n))
+    throw CommError("alltoall: give one receive count per rank (" + std::to_string(n) + ")");
+  size_t rows = 0;
+  for (size_t c : args.send_rows) rows += c;
+  if (rows * args.row_elems != args.input.count)
+    throw CommError("alltoall: the send counts add up to " + std::to_string(rows) + " rows but the input has " +
+                    std::to_string(args.row_elems ? args.input.count / args.row_elems : 0));
+  std::vector<int64_t> shape{0};
+  shape.insert(shape.end(), args.row_shape.begin(), args.row_shape.end());
+  Signature sig = Signature::of(Collective::ALLTOALL, args.input, shape, args.name);
+  sig.numel = -1;  // rows differ per rank
+  return submit_custom(sig, "alltoall " + args.name, std::move(keepalive), [this, args] { exec_->alltoall(args); },
+                       blocking);
+}
+
+WorkPtr Engine::compressed_allreduce(const CompressedArgs& args, std::shared_ptr<void> keepalive, bool blocking) {
+  // Everything on the input's device: a compressed allreduce never moves a
+  // tensor or its state to other memory behind the caller's back.
+  auto where = [](const Buffer& b) {
+    return b.device == Device::CPU ? std::string("the host") : "cuda:" + std::to_string(b.device_index);
+  };
+  auto same_device = [&](const Buffer& b) {
+    return b.device == args.input.device && (b.device == Device::CPU || b.device_index == args.input.device_index);
+  };
+  if (args.input.dtype != DType::F32 || args.output.dtype != DType::F32 || args.input.count != args.output.count)
+    throw CommError("compressed allreduce: input and output must be float32 buffers of the same size");
+  if (!same_device(args.output))
+    throw CommError("compressed allreduce of '" + args.name + "': the input is on " + where(args.input) +
+                    ", out on " + where(args.output) + "; pass out on the input's device");
+  if (args.compression == Compression::ONEBIT) {
+    const OneBitLayout L = onebit_layout(args.input.count, topo_.size);
+    const std::string dev = where(args.input);
+    if (args.worker_residual.dtype != DType::F32 || args.worker_residual.count != L.n ||
+        !same_device(args.worker_residual))
+      throw CommError("compressed allreduce: the worker residual must be a float32 buffer of " +
+                      std::to_string(L.n) + " elements on " + dev + " (the tensor's device)");
+    if (args.server_residual.dtype != DType::F32 || args.server_residual.count != L.chunk ||
+        !same_device(args.server_residual))
+      throw CommError("compressed allreduce: the server residual must be a float32 buffer of " +
+                      std::to_string(L.chunk) + " elements at " + std::to_string(topo_.size) + " ranks on " + dev +
+                      " (the tensor's device)");
+    if (args.mask.data && (args.mask.count != L.n || !same_device(args.mask)))
+      throw CommError("compressed allreduce: the mask must be a buffer of " + std::to_string(L.n) + " bytes on " +
+                      dev + " (the tensor's device)");
+  }
+
+  // The agreement check compares the compression too: it leads the name
+  // ("onebit+mask:grad.w"), which the disagreement message shows.
+  Signature sig;
+  sig.kind = static_cast<int32_t>(Collective::ALLREDUCE);
+  sig.dtype = static_cast<int32_t>(args.input.dtype);
+  sig.device = static_cast<int32_t>(args.input.device);
+  sig.numel = static_cast<int64_t>(args.input.count);
+  sig.ndim = 1;
+  sig.dims[0] = sig.numel;
+  sig.op = static_cast<int32_t>(ReduceOp::SUM);
+  sig.extra = args.average ? 1 : 0;
+  std::string tag = compression_name(args.compression);
+  if (args.mask.data) tag += "+mask";
+  sig.set_name(tag + ":" + args.name);
+
+  return submit_custom(sig, "allreduce " + tag + " " + args.name, std::move(keepalive),
+                       [this, args] { exec_->compressed_allreduce(args); }, blocking);
+}
+
+void Engine::await_ready(const std::vector<Op*>& batch, size_t count) {
+  // A fused batch is first touched by the pack kernel on the mover's lane, so
+  // ordering the lanes after the producer is enough. Everything else may hand
+  // the pointers to MPI or to host copies at once: the engine thread (never
+  // the submitter's) also waits for the producer.
+  const bool stream_only = count > 1 && batch.front()->fusable && coordinator_.join_info().joined == 0;
+  uint64_t waited = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const EventPtr& ev = batch[i]->work->ready;
+    if (!ev) continue;
+    exec_->mover_of_device(ev->device()).wait_event(*ev);
+    if (!stream_only) ev->synchronize();
+    ++waited;
+  }
+  if (waited) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.ready_waits += waited;
+  }
+}
+
+void Engine::record_done(const std::vector<Op*>& batch, size_t count) {
+  // One event per device for the whole batch, recorded after the mover's last work.
+  std::map<int, EventPtr> done;
+  for (size_t i = 0; i < count; ++i) {
+    Work& w = *batch[i]->work;
+    if (!w.ready) continue;
+    const int device = w.ready->device();
+    auto it = done.find(device);
+    if (it == done.end()) it = done.emplace(device, exec_->mover_of_device(w.ready->device()).record_done()).first;
+    w.set_done_event(it->second);
+    w.ready.reset();  // back to its pool
+  }
+  if (!done.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.done_events += done.size();
+  }
 }
 
 }  // namespace comm

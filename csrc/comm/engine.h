@@ -8,6 +8,11 @@
 // (tensor fusion): packed into one buffer up to `fusion_threshold_bytes`,
 // reduced by one allreduce, unpacked. The coordinator makes every rank fuse
 // the same tensors in the same order.
+//
+// The Engine decides what runs and when: the queue, the coordination rounds,
+// the batches, join (engine_join.cpp) and backup sessions. Its Executor
+// (executor.h) runs what was agreed: the memory path, the algorithm, the fused
+// buffer, and the memory they reuse.
 #pragma once
 #include <algorithm>
 #include <chrono>
@@ -25,34 +30,13 @@
 #include "common.h"
 #include "coordinator.h"
 #include "device_event.h"
+#include "executor.h"
+#include "operations.h"
 
 namespace pycomm {
 namespace comm {
 
-class ShmWindow;
 class BackupSession;
-class MemoryMover;
-struct StagingBuffers;
-
-struct EngineOptions {
-  size_t ring_chunk_bytes = size_t(1) << 19;     // 512 KiB pipeline chunks
-  size_t shm_chunk_bytes = size_t(768) << 10;    // shm chunks (bench/shm_chunk.py); 0: in one pass
-  size_t auto_ring_min_bytes = size_t(1) << 16;  // below this "auto" uses MPI_Allreduce (not on one node: shm)
-  bool check_consistency = true;                 // coordinate (and compare) before each operation
-  size_t fusion_threshold_bytes = size_t(64) << 20;  // 0 disables fusion
-  double cycle_time_ms = 2.0;  // how long a fusable allreduce may wait for company
-  StallOptions stall;
-  size_t staging_chunk_bytes = size_t(4) << 20;  // device data travels through host chunks of this size
-  bool force_staging = false;  // send host buffers through the staging pipeline too (tests its logic on CPU)
-  bool force_device_direct = false;  // treat host buffers as device memory under a CUDA-aware MPI (same purpose)
-  // Named operations pair across ranks by name, in any order (Horovod's rule; pycomm.horovod turns it
-  // on): one that some rank has not submitted waits aside without holding up the operations behind
-  // it (coordinator.h). Off: every operation pairs by submission order.
-  bool pair_by_name = false;
-  // Measured choices for "auto" (pycomm-tune): messages up to .first bytes use
-  // .second; sorted by size. Empty: the built-in rule (choose_auto, allreduce_catalogue.h).
-  AutoTable auto_table;
-};
 
 // Completion of one submitted operation. `keepalive` holds whatever the
 // caller needs alive until the operation ends (the bindings put tensors there).
@@ -98,47 +82,6 @@ class Work {
 };
 
 using WorkPtr = std::shared_ptr<Work>;
-
-struct AllreduceArgs {
-  Buffer input;
-  Buffer output;  // == input for in-place
-  ReduceOp op = ReduceOp::SUM;
-  bool average = false;
-  Algorithm algorithm = Algorithm::AUTO;
-  std::string name;
-  // The tensor's shape, compared between ranks: the same element count in another shape is an error
-  // (Horovod's rule). Empty: compared as a flat buffer of input.count elements (torch's c10d).
-  std::vector<int64_t> shape;
-};
-
-// Reduce-scatter: `input` (shape `shape`) is cut into N segments,
-// segment j = elements [segments[j], segments[j+1]); rank r receives the
-// reduction of segment r in `output`. `input` is not modified.
-struct ReduceScatterArgs {
-  Buffer input;
-  Buffer output;
-  std::vector<size_t> segments;  // N+1 element offsets
-  std::vector<int64_t> shape;
-  ReduceOp op = ReduceOp::SUM;
-  bool average = false;
-  Algorithm algorithm = Algorithm::AUTO;  // auto | ring | mpi
-  std::string name;
-};
-
-// Alltoall of rows of `row_elems` elements: `send_rows[j]` rows of `input` (in
-// rank order) go to rank j. `recv_rows` empty: the counts are exchanged and
-// `allocate(total_rows)` (engine thread) returns the output; else the output
-// is `output`, and counts that do not match the senders' raise on every rank.
-struct AlltoallArgs {
-  Buffer input;
-  size_t row_elems = 1;
-  std::vector<int64_t> row_shape;
-  std::vector<size_t> send_rows;
-  std::vector<size_t> recv_rows;
-  void* output = nullptr;
-  std::function<void*(size_t)> allocate;
-  std::string name;
-};
 
 class Engine {
  public:
@@ -186,28 +129,7 @@ class Engine {
   WorkPtr reduce_scatter(const ReduceScatterArgs& args, std::shared_ptr<void> keepalive, bool blocking = false);
   WorkPtr alltoall(const AlltoallArgs& args, std::shared_ptr<void> keepalive, bool blocking = false);
 
-  // Counters for tests, benchmarks and stall reports.
-  struct Stats {
-    uint64_t operations = 0;   // operations completed
-    uint64_t rounds = 0;       // coordination rounds (fused batches count once)
-    uint64_t fused_tensors = 0;  // allreduces that ran inside a fused batch of two or more
-    // Memory the engine holds between operations (as of the last one that ended).
-    uint64_t shm_allocations = 0;      // collective (re)allocations of the shared window
-    uint64_t shm_segment_bytes = 0;    // this rank's segment of the shared window
-    uint64_t fusion_buffer_bytes = 0;  // the host fusion buffer (paths without a shared window)
-    uint64_t staging_bytes = 0;        // the two staging chunks (device data, or forced staging)
-    // Working memory the movers keep for device-direct algorithms (host stand-in included), and how
-    // many blocks they have allocated for it (MemoryMover::working_memory), with the compressed
-    // allreduce's device workspaces (DeviceOps::workspace, process-wide).
-    uint64_t device_cache_bytes = 0;
-    uint64_t device_cache_allocations = 0;
-    // The movers' cached device fusion buffers (device tensors and the host stand-ins), and how many
-    // blocks they have allocated for them (MemoryMover::fusion_memory).
-    uint64_t device_fusion_bytes = 0;
-    uint64_t device_fusion_allocations = 0;
-    uint64_t ready_waits = 0;  // operations whose producer event the engine waited on
-    uint64_t done_events = 0;  // completion events the engine recorded after its device work
-  };
+  using Stats = EngineStats;  // operations.h
   Stats stats() const;
 
   // Run `fn` on the engine thread as one operation (for algorithms defined
@@ -215,28 +137,13 @@ class Engine {
   WorkPtr submit_custom(const Signature& sig, std::string description, std::shared_ptr<void> keepalive,
                         std::function<void()> fn, bool blocking);
 
-  // The algorithm `requested` ("auto" or a name) means for `bytes` on this topology under `o`.
-  Algorithm resolve(Algorithm requested, size_t bytes, const EngineOptions& o) const;
-  // This job's shape, as the allreduce catalogue's rules read it.
-  JobShape job_shape() const;
-  // Run one allreduce now, on the calling (engine) thread, with no coordination.
-  void run_allreduce(const AllreduceArgs& args);
-  // The same, for host memory only.
-  void run_host_allreduce(const AllreduceArgs& args);
-  // The mover for a buffer's memory (CUDA streams, or host lanes for tests). Any thread.
-  MemoryMover& mover_for(const Buffer& buf);
-  // The two lane streams of CUDA device `device`'s mover (cudaStream_t), made if need be.
-  std::pair<void*, void*> device_lanes(int device);
-  // Device memory about to go to MPI directly: raise direct_path_refusal()'s reason, if any
-  // (memory_mover.h). Runs after the coordination round, where every rank has agreed on the
-  // buffer's device and options, so every rank raises alike before any data moves.
-  void check_direct(const Buffer& buf, const std::string& what) const;
   // force_staging or force_device_direct: host memory stands in for device memory.
   bool device_standin() const {
     std::lock_guard<std::mutex> lock(mu_);
     return options_.force_staging || options_.force_device_direct;
   }
-  ShmWindow& shm();
+  // The data side: paths, algorithms and memory (executor.h).
+  Executor& executor() { return *exec_; }
 
  private:
   struct Op {
@@ -255,18 +162,10 @@ class Engine {
   void loop();
   // Coordinate and run `batch` (taken from the queue head); returns how many ran.
   size_t execute(std::vector<Op*>& batch);
-  void run_fused(const std::vector<Op*>& ops);
-  // engine_device.cpp: fusion of device tensors (and of the host stand-ins) in the mover's
-  // fusion buffer, and the stream order around a batch.
-  bool device_fusion(const AllreduceArgs& head) const;
-  void run_device_fused(const std::vector<Op*>& ops);
-  // The one allreduce of a fused batch over `total` elements at `flat`: an average of float32/64
-  // is summed and its 1/N returned in *unpack_scale, to fuse into the unpack (fp16/bf16 keep the
-  // pre-division of the allreduce itself, since their sums overflow).
-  AllreduceArgs fused_args(const AllreduceArgs& head, void* flat, size_t total, double* unpack_scale) const;
+  // The first `count` ops of `batch`, fused (Executor::fused_allreduce).
+  void run_fused(const std::vector<Op*>& batch, size_t count);
   void await_ready(const std::vector<Op*>& batch, size_t count);
   void record_done(const std::vector<Op*>& batch, size_t count);
-  MemoryMover& mover_of_event(const DeviceEvent& e);
   // engine_join.cpp: the join loop, a joined rank's answer to the others'
   // batch, and a batch run while `joined` ranks contribute nothing.
   size_t execute_join(std::vector<Op*>& batch);
@@ -279,28 +178,10 @@ class Engine {
   bool compatible(const Op& head, const Op& next) const;
 
   Topology topo_;
-  bool homogeneous_;
   EngineOptions options_;
-  EngineOptions active_;  // the running operation's copy
+  EngineOptions active_;  // the running operation's copy (the executor reads it)
   Coordinator coordinator_;
-  std::unique_ptr<ShmWindow> shm_;
-  std::vector<char> fusion_buffer_;
-  bool cuda_aware_ = false;
-  std::unique_ptr<MemoryMover> host_mover_;
-  std::vector<std::unique_ptr<MemoryMover>> cuda_movers_;  // by device index
-  std::mutex movers_mu_;  // creation of movers: the engine thread and submitters (device_lanes)
-  std::unique_ptr<StagingBuffers> staging_;
-  void run_staged_allreduce(const AllreduceArgs& args);
-  void staged_broadcast(const Buffer& buf, int root);
-  // Bytes per MPI_Bcast of a staged broadcast (a joined rank answers with the same messages).
-  size_t staged_broadcast_chunk() const {
-    return std::max<size_t>(1, std::min(active_.staging_chunk_bytes, size_t(1) << 30));
-  }
-  void run_device_allreduce(const AllreduceArgs& args);
-  // The catalogue entry of `a`, or CommError with the reason it cannot run on this job.
-  const AllreduceAlgorithm& checked_algorithm(Algorithm a) const;
-  // What an algorithm may use for one call on this engine (device: the buffer's mover, or null).
-  AllreduceRun allreduce_run(MemoryMover* device);
+  std::unique_ptr<Executor> exec_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -154,8 +154,8 @@ void Engine::answer_joined(const std::vector<Signature>& sigs) {
         ops[i].sig = x;
         ptrs.push_back(&ops[i]);
       }
-      if (ptrs.size() == 1) run_allreduce(ops.front().allreduce);
-      else run_fused(ptrs);
+      if (ptrs.size() == 1) exec_->allreduce(ops.front().allreduce);
+      else run_fused(ptrs, ptrs.size());
       return;
     }
     case Collective::BROADCAST: {
@@ -166,9 +166,8 @@ void Engine::answer_joined(const std::vector<Signature>& sigs) {
       b.data = join_scratch_.data();
       if (topo_.size <= 1 || b.count == 0) return;
       // The same MPI messages as the others' path: staged broadcasts go in staging chunks.
-      const bool device = static_cast<Device>(s.device) != Device::CPU;
-      if (device ? !cuda_aware_ : active_.force_staging && !active_.force_device_direct) {
-        const size_t chunk = staged_broadcast_chunk();
+      if (exec_->path_of(static_cast<Device>(s.device)) == MemoryPath::STAGED) {
+        const size_t chunk = exec_->staged_broadcast_chunk();
         for (size_t off = 0; off < b.bytes(); off += chunk)
           PYCOMM_MPI_CHECK(MPI_Bcast(join_scratch_.data() + off, static_cast<int>(std::min(chunk, b.bytes() - off)),
                                      MPI_BYTE, s.root, topo_.world));
@@ -225,11 +224,11 @@ void Engine::run_with_joined(std::vector<Op*>& batch, size_t count, int joined) 
     ops.back().allreduce = a;
   }
   if (ops.size() == 1) {
-    run_allreduce(ops.front().allreduce);
+    exec_->allreduce(ops.front().allreduce);
   } else if (ops.size() > 1) {
     std::vector<Op*> ptrs;
     for (Op& o : ops) ptrs.push_back(&o);
-    run_fused(ptrs);
+    run_fused(ptrs, ptrs.size());
   }
   for (const Buffer& b : post) kernels::scale_cpu(b.data, b.count, b.dtype, inv_k);
 }

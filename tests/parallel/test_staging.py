@@ -4,6 +4,7 @@ With force_staging, host tensors take the same path device tensors take
 without a CUDA-aware MPI: double-buffered chunks copied out on two ordered
 lanes, reduced across ranks on the host, copied back.
 """
+import numpy as np
 import pytest
 import torch
 
@@ -69,7 +70,7 @@ def test_device_direct_path(algorithm, dtype, op):
 
 def test_device_direct_auto_maps_shm_to_the_ring(comm):
     """shm needs host shared memory: on the device-direct path `auto` runs the ring where it would
-    pick shm (engine.cpp, run_device_allreduce), bitwise the ring's result; naming shm is an error."""
+    pick shm (executor.cpp, Executor::device_allreduce), bitwise the ring's result; naming shm is an error."""
     rank, size = pycomm.rank(), pycomm.size()
     old = pycomm.get_options()
     x = rank_data(rank, 50_001, torch.float32, seed=91)  # 200 KB: above auto's switch from mpi
@@ -215,3 +216,39 @@ def test_staged_broadcast_in_chunks(chunk, staging):
             x = rank_data(rank, count, dtype, seed=110 + root)
             y = pycomm.broadcast(x.clone(), root=root)
             assert torch.equal(y, rank_data(root, count, dtype, seed=110 + root)), (chunk, root, count, dtype)
+
+
+@pytest.mark.parametrize("force", ["force_staging", "force_device_direct"])
+def test_other_collectives_on_the_standin_paths(force, comm):
+    """Every collective takes its memory path from one rule (Executor::path_of): with force_staging,
+    allgather, reduce_scatter and alltoall copy host stand-ins through the host mover, as they copy
+    device memory without a CUDA-aware MPI; with force_device_direct, allgather hands the memory to
+    MPI and the other two still copy (they reduce or rearrange on the host). Each result matches
+    mpi4py's collective on the same bytes."""
+    from mpi4py import MPI
+
+    rank, size = pycomm.rank(), pycomm.size()
+    old = pycomm.get_options()
+    pycomm.set_options(**{force: True})
+    try:
+        rows = 3 + 2 * rank  # differs per rank: the gather's first dimension
+        x = rank_data(rank, rows * 5, torch.float64, seed=120).reshape(rows, 5)
+        gathered = pycomm.allgather(x)
+        ref = np.concatenate(comm.allgather(x.numpy()))
+        np.testing.assert_array_equal(gathered.numpy(), ref)
+
+        ints = torch.from_numpy(np.random.default_rng([121, rank]).integers(-50, 50, size=size * 4 + 3))
+        counts = [len(p) for p in np.array_split(np.arange(ints.numel()), size)]
+        part = np.empty(counts[rank], dtype=np.int64)
+        comm.Reduce_scatter(ints.numpy(), part, recvcounts=counts, op=MPI.SUM)
+        np.testing.assert_array_equal(pycomm.reduce_scatter(ints).numpy(), part)
+
+        sends = [(rank + j) % 3 for j in range(size)]  # zero-row blocks included
+        y = rank_data(rank, sum(sends) * 2, torch.int64, seed=122).reshape(sum(sends), 2)
+        got = pycomm.alltoall(y, splits=sends)
+        recvs = [(j + rank) % 3 for j in range(size)]
+        rbuf = np.empty(sum(recvs) * 2, np.int64)
+        comm.Alltoallv([y.numpy().reshape(-1), [s * 2 for s in sends]], [rbuf, [r * 2 for r in recvs]])
+        np.testing.assert_array_equal(got.numpy().reshape(-1), rbuf)
+    finally:
+        pycomm.set_options(**{force: old[force]})
