@@ -486,7 +486,8 @@ def stats() -> dict:
     memory the engine keeps between operations: shm_allocations (collective reallocations of the shared
     window; it grows geometrically), shm_segment_bytes, fusion_buffer_bytes, staging_bytes; the device
     movers' cached working memory and fusion buffer (device_cache_bytes / _allocations,
-    device_fusion_bytes / _allocations); and stream order: ready_waits (operations whose producer
+    device_fusion_bytes / _allocations) and the compressed allreduce's working memory
+    (compressed_cache_bytes / _allocations, host tensors' included); and stream order: ready_waits (operations whose producer
     event the engine waited on), done_events, and the event pools' events_created, events_recorded,
     event_stream_waits, event_host_waits; and device_path, how CUDA tensors travel (device_path())."""
     topology()

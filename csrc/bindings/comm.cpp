@@ -580,6 +580,8 @@ void register_comm(py::module_& m) {
     d["device_cache_bytes"] = s.device_cache_bytes;
     d["device_cache_allocations"] = s.device_cache_allocations;
     d["device_fusion_bytes"] = s.device_fusion_bytes;
+    d["compressed_cache_bytes"] = s.compressed_cache_bytes;
+    d["compressed_cache_allocations"] = s.compressed_cache_allocations;
     d["device_fusion_allocations"] = s.device_fusion_allocations;
     d["ready_waits"] = s.ready_waits;
     d["done_events"] = s.done_events;

@@ -5,7 +5,6 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
-#include <mutex>
 #include <sstream>
 #include <vector>
 
@@ -158,24 +157,6 @@ using compressed_detail::throw_fp16_overflow;
 
 namespace {
 
-// Scratch memory reused between calls. Engine operations never overlap (one
-// runs at a time, on the worker or inline on a caller), the mutex only makes
-// that explicit.
-struct Scratch {
-  std::mutex mu;
-  std::vector<uint8_t> a;  // the half buffer, or onebit's workspace
-};
-Scratch& scratch() {
-  static Scratch s;
-  return s;
-}
-
-template <class T>
-T* sized(std::vector<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
-
 void check_int(size_t bytes, const char* what) {
   if (bytes > static_cast<size_t>(INT32_MAX))
     throw CommError(std::string("compressed allreduce: ") + what + " is larger than 2 GiB per rank");
@@ -208,7 +189,7 @@ int half_has_nonfinite(const void* h, size_t n, DType half) {
 using compressed_detail::half_has_nonfinite;
 using compressed_detail::has_nonfinite;
 
-void half_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, size_t ring_chunk_bytes,
+void half_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, size_t ring_chunk_bytes, MemoryMover& memory,
                                CompressedStats* stats) {
   int rank = 0, size = 1;
   PYCOMM_MPI_CHECK(MPI_Comm_rank(comm, &rank));
@@ -221,9 +202,8 @@ void half_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, size_t ri
   stats->fp32_ring_bytes = ring_wire_bytes(n, 4, size, rank);
   if (n == 0) return;
 
-  Scratch& s = scratch();
-  std::lock_guard<std::mutex> lock(s.mu);
-  void* h = sized(s.a, n * 2);
+  MemoryMover::Lease lease = memory.compressed_memory(n * 2);
+  void* h = lease.get();
   // Pre-divided cast: y = half(x / N) for an average.
   const float scale = a.average ? 1.0f / static_cast<float>(size) : 1.0f;
   int bad = 0;
@@ -363,7 +343,8 @@ void onebit_two_phase(const CompressedArgs& a, MPI_Comm comm, float weight, Devi
 
 }  // namespace compressed_detail
 
-void onebit_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, CompressedStats* stats) {
+void onebit_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, MemoryMover& memory,
+                                 CompressedStats* stats) {
   int rank = 0, size = 1;
   PYCOMM_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   PYCOMM_MPI_CHECK(MPI_Comm_size(comm, &size));
@@ -373,9 +354,8 @@ void onebit_compressed_allreduce(const CompressedArgs& a, MPI_Comm comm, Compres
   if (n == 0) return;
   agree_finite(has_nonfinite(static_cast<const float*>(a.input.data), static_cast<const uint8_t*>(a.mask.data), n),
                comm, size, a, "inf or NaN");
-  Scratch& s = scratch();
-  std::lock_guard<std::mutex> lock(s.mu);
-  uint8_t* ws = sized(s.a, compressed_detail::onebit_workspace_bytes(n, size));
+  MemoryMover::Lease lease = memory.compressed_memory(compressed_detail::onebit_workspace_bytes(n, size));
+  uint8_t* ws = static_cast<uint8_t*>(lease.get());
   compressed_detail::onebit_two_phase(a, comm, a.average ? 1.0f / static_cast<float>(size) : 1.0f, cpu_device_ops(),
                                       nullptr, ws, nullptr);
 }

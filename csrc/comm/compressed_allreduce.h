@@ -96,10 +96,14 @@ uint64_t ring_wire_bytes(size_t n, size_t esize, int world, int rank);
 // The algorithms; they run on the engine's thread. They throw CommError on
 // every rank, before anything is written to the output or the residuals, when
 // any rank's input holds inf or NaN (or, for fp16, a value that overflows
-// after the pre-division), naming those ranks.
-void half_compressed_allreduce(const CompressedArgs& args, MPI_Comm comm, size_t ring_chunk_bytes,
+// after the pre-division), naming those ranks. Their working memory (the half
+// buffer, onebit's wire buffers and sums) is `memory`'s compressed_memory(),
+// the host mover's cache (memory_mover.h), kept between calls.
+class MemoryMover;
+void half_compressed_allreduce(const CompressedArgs& args, MPI_Comm comm, size_t ring_chunk_bytes, MemoryMover& memory,
                                CompressedStats* stats);
-void onebit_compressed_allreduce(const CompressedArgs& args, MPI_Comm comm, CompressedStats* stats);
+void onebit_compressed_allreduce(const CompressedArgs& args, MPI_Comm comm, MemoryMover& memory,
+                                 CompressedStats* stats);
 
 // Across nodes (the engine's choice when the job spans nodes of equal size
 // with more than one rank each), only the cross-node stage is compressed: the
@@ -122,15 +126,15 @@ void onebit_compressed_allreduce(const CompressedArgs& args, MPI_Comm comm, Comp
 // the float32 bytes of one chunk of the node's L slices (0: one chunk).
 class ShmWindow;
 void hierarchical_compressed_allreduce(const CompressedArgs& args, const Topology& topo, ShmWindow& shm,
-                                       size_t shm_chunk_bytes, CompressedStats* stats);
+                                       size_t shm_chunk_bytes, MemoryMover& memory, CompressedStats* stats);
 
 // The same on tensors in device memory (device_compressed_allreduce.cpp): the
 // flat form over `comm`, every kernel on the tensor's memory through `ops`,
 // only compressed bytes crossing MPI, bitwise the host form's result when
 // `ops` runs the CPU kernels (host stand-ins) and, for fp16/bf16 staged, the
 // half buffer fits one staging chunk (more chunks run one ring per chunk:
-// the same sums, added in another order on some elements).
-class MemoryMover;
+// the same sums, added in another order on some elements). Working memory:
+// the tensor's mover's compressed_memory().
 struct StagingBuffers;
 class DeviceOps;
 struct DeviceWire {
@@ -139,8 +143,6 @@ struct DeviceWire {
   StagingBuffers& staging;   // the engine's pinned host chunks
   size_t staging_chunk_bytes;
   size_t ring_chunk_bytes;
-  const void* owner;         // the engine (its workspace in `ops`)
-  size_t cache_limit;        // PYCOMM_DEVICE_CACHE_MB
 };
 void device_compressed_allreduce(const CompressedArgs& args, MPI_Comm comm, DeviceOps& ops, const DeviceWire& wire,
                                  CompressedStats* stats);

@@ -10,10 +10,10 @@
 //     bytes, one copy down and one up for each).
 // The onebit scheme itself is the host form's (compressed_detail::onebit_two_phase,
 // compressed_allreduce.cpp), run here with the tensor's table.
-// Working memory comes from the table's workspace (cached, grows 2x, bounded
-// by PYCOMM_DEVICE_CACHE_MB; one block per engine and call), the
-// ring's slots from the MemoryMover's, so a steady stream of calls allocates
-// nothing.
+// Working memory comes from the tensor's MemoryMover: this call's buffers
+// from its compressed_memory(), the ring's slots from its working_memory()
+// (both cached, grown 2x, bounded by PYCOMM_DEVICE_CACHE_MB), so a steady
+// stream of calls allocates nothing.
 //
 // Hierarchical form (device_hierarchical_compressed_allreduce), N = L M ranks
 // as M nodes of L, n float32 elements (S = 4n bytes), local rank l owning
@@ -80,7 +80,7 @@ size_t half_workspace_bytes(size_t n) { return ws_aligned(n * 2); }
 void device_half(const CompressedArgs& a, MPI_Comm comm, int size, DeviceOps& ops, const DeviceWire& w) {
   const size_t n = a.input.count;
   const DType half = a.compression == Compression::BF16 ? DType::BF16 : DType::F16;
-  DeviceOps::Workspace ws = ops.workspace(w.owner, half_workspace_bytes(n), w.cache_limit);
+  MemoryMover::Lease ws = w.mover.compressed_memory(half_workspace_bytes(n));
   void* h = ws.get();
   // Pre-divided cast: y = half(x / N) for an average.
   const float scale = a.average ? 1.0f / static_cast<float>(size) : 1.0f;
@@ -103,8 +103,7 @@ void device_onebit(const CompressedArgs& a, MPI_Comm comm, int size, DeviceOps& 
   compressed_detail::agree_finite(
       ops.any_nonfinite(static_cast<const float*>(a.input.data), static_cast<const uint8_t*>(a.mask.data), n), comm,
       size, a, "inf or NaN");
-  DeviceOps::Workspace lease =
-      ops.workspace(w.owner, compressed_detail::onebit_workspace_bytes(n, size), w.cache_limit);
+  MemoryMover::Lease lease = w.mover.compressed_memory(compressed_detail::onebit_workspace_bytes(n, size));
   compressed_detail::onebit_two_phase(a, comm, a.average ? 1.0f / static_cast<float>(size) : 1.0f, ops,
                                       w.direct ? nullptr : &w, static_cast<uint8_t*>(lease.get()), nullptr);
 }
@@ -218,13 +217,13 @@ void device_hierarchical_compressed_allreduce(const CompressedArgs& a, const Top
   // 1. Inputs, checked on every rank so that the error names the ranks that passed inf/NaN.
   compressed_detail::agree_finite(ops.any_nonfinite(x, mask, n), topo.world, topo.size, a, "inf or NaN");
 
-  // Workspace: the slice's float32 sum (len), the direct node stage's receive slots ((L-1) len),
+  // Working memory: the slice's float32 sum (len), the direct node stage's receive slots ((L-1) len),
   // the cross-node stage's buffers.
   const size_t acc_bytes = ws_aligned(s.len * sizeof(float));
   const size_t slot_bytes = w.direct ? ws_aligned(static_cast<size_t>(s.L - 1) * s.len * sizeof(float)) : 0;
   const size_t cross_bytes =
       onebit ? compressed_detail::onebit_workspace_bytes(s.len, s.M) : half_workspace_bytes(s.len);
-  DeviceOps::Workspace lease = ops.workspace(w.owner, acc_bytes + slot_bytes + cross_bytes, w.cache_limit);
+  MemoryMover::Lease lease = w.mover.compressed_memory(acc_bytes + slot_bytes + cross_bytes);
   uint8_t* ws = static_cast<uint8_t*>(lease.get());
   float* acc = reinterpret_cast<float*>(ws);
   uint8_t* cross_ws = ws + acc_bytes + slot_bytes;

@@ -1,11 +1,9 @@
-// DeviceOps: the shared workspace cache, the table over host memory (the CPU
-// kernels), and the CUDA table's stand-in in CPU-only builds.
+// DeviceOps: the table over host memory (the CPU kernels), and the CUDA
+// table's stand-in in CPU-only builds.
 #include "device_ops.h"
 
 #include <cfloat>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
 #include "../kernels/cast.h"
@@ -15,41 +13,6 @@
 
 namespace pycomm {
 namespace comm {
-
-DeviceOps::Workspace DeviceOps::workspace(const void* owner, size_t bytes, size_t cache_limit) {
-  std::unique_lock<std::mutex> lock(mu_);
-  Block& b = blocks_[owner];
-  if (b.p && bytes <= b.bytes) return Workspace(this, b.p, false);
-  size_t want = std::max(bytes, 2 * b.bytes);
-  if (want > cache_limit) want = bytes;
-  ++allocations_;
-  if (want > cache_limit) {
-    // Said once per table; the memory is allocated and freed stream-ordered per call.
-    if (uncached_++ == 0)
-      std::fprintf(stderr,
-                   "pycomm: a compressed allreduce workspace of %zu MiB is above PYCOMM_DEVICE_CACHE_MB=%zu: "
-                   "workspaces this large are allocated per call (raise the limit to keep them); said once\n",
-                   want >> 20, cache_limit >> 20);
-    return Workspace(this, alloc(want), true);
-  }
-  if (b.p) release(b.p);
-  b = Block{};
-  b.p = alloc(want);
-  b.bytes = want;
-  return Workspace(this, b.p, false);
-}
-
-uint64_t DeviceOps::workspace_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  uint64_t total = 0;
-  for (const auto& kv : blocks_) total += kv.second.bytes;
-  return total;
-}
-
-uint64_t DeviceOps::workspace_allocations() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return allocations_;
-}
 
 namespace {
 
@@ -92,14 +55,6 @@ class CpuOps : public DeviceOps {
   }
   void fill_zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
   void copy(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
-
- protected:
-  void* alloc(size_t bytes) override {
-    void* p = std::malloc(std::max<size_t>(bytes, 1));
-    if (!p) throw CommError("compressed allreduce: out of host memory for its workspace");
-    return p;
-  }
-  void release(void* p) override { std::free(p); }
 };
 
 }  // namespace
@@ -109,18 +64,10 @@ DeviceOps& cpu_device_ops() {
   return *ops;
 }
 
-WorkspaceStats device_ops_workspace_stats() {
-  WorkspaceStats s = cuda_ops_workspace_stats();
-  s.bytes += cpu_device_ops().workspace_bytes();
-  s.allocations += cpu_device_ops().workspace_allocations();
-  return s;
-}
-
 #ifndef PYCOMM_WITH_CUDA
 DeviceOps& cuda_device_ops(int) {
   throw CommError("pycomm was built without CUDA; reinstall with a CUDA build of torch (PYCOMM_CUDA=1)");
 }
-WorkspaceStats cuda_ops_workspace_stats() { return {}; }
 #endif
 
 }  // namespace comm

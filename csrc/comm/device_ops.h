@@ -12,8 +12,6 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <map>
-#include <mutex>
 
 #include "../kernels/dtype.h"
 
@@ -42,57 +40,7 @@ class DeviceOps {
                                             float* out, float weight, const uint8_t* mask) = 0;
   virtual void fill_zero(void* p, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // within this memory (unaligned is fine)
-
-  // Working memory of this kind for the operation an engine runs now (one
-  // at a time per engine; `owner` names the engine, so engines of different
-  // groups never share a block), kept between operations and regrown to
-  // max(request, 2 x its size) when too small: a steady stream of compressed
-  // allreduces allocates nothing. Never above the cache limit
-  // (PYCOMM_DEVICE_CACHE_MB, as the movers'): a larger request gets memory of
-  // its own, freed when its Workspace ends. Separate from
-  // MemoryMover::working_memory, which the ring underneath leases at the same time.
-  class Workspace {
-   public:
-    Workspace(DeviceOps* ops, void* p, bool owned) : ops_(ops), p_(p), owned_(owned) {}
-    Workspace(const Workspace&) = delete;
-    Workspace& operator=(const Workspace&) = delete;
-    Workspace(Workspace&& o) noexcept : ops_(o.ops_), p_(o.p_), owned_(o.owned_) { o.owned_ = false; }
-    ~Workspace() {
-      if (owned_) ops_->release(p_);
-    }
-    void* get() const { return p_; }
-
-   private:
-    DeviceOps* ops_;
-    void* p_;
-    bool owned_;
-  };
-  Workspace workspace(const void* owner, size_t bytes, size_t cache_limit);
-  uint64_t workspace_bytes() const;
-  uint64_t workspace_allocations() const;
-
- protected:
-  virtual void* alloc(size_t bytes) = 0;
-  virtual void release(void* p) = 0;
-
- private:
-  struct Block {
-    void* p = nullptr;
-    size_t bytes = 0;
-  };
-  mutable std::mutex mu_;  // guards the map; each block is used by its owner alone
-  std::map<const void*, Block> blocks_;
-  uint64_t allocations_ = 0;
-  uint64_t uncached_ = 0;  // workspaces above the cache limit (allocated per call)
 };
-
-// The workspaces of every table made so far in this process (pycomm.stats():
-// device_cache_bytes, device_cache_allocations).
-struct WorkspaceStats {
-  uint64_t bytes = 0, allocations = 0;
-};
-WorkspaceStats device_ops_workspace_stats();
-WorkspaceStats cuda_ops_workspace_stats();  // device_ops_cuda.cu; zero in CPU-only builds
 
 // The table for host memory (one per process).
 DeviceOps& cpu_device_ops();

@@ -48,7 +48,8 @@ class CudaOps : public DeviceOps {
     PYCOMM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&flag_), sizeof(int)));
   }
   // Never destroyed (see cuda_device_ops): the CUDA runtime may be gone at process exit, so
-  // the workspaces are left to the driver's teardown.
+  // the stream and the flag are left to the driver's teardown. Working memory is the caller's
+  // (the mover's compressed_memory, memory_mover.h).
   const char* name() const override { return "cuda"; }
 
   int cast_to_half(const float* x, void* y, size_t n, DType half, float scale) override {
@@ -110,25 +111,6 @@ class CudaOps : public DeviceOps {
     sync();
   }
 
- protected:
-  void* alloc(size_t bytes) override {
-    DeviceScope on(device_);
-    // Stream-ordered (the device's memory pool): a workspace above the cache limit comes and goes
-    // per call without the device-wide wait of cudaFree. Every operation here ends synchronised, so
-    // the memory is ready for the host-driven MPI calls that follow.
-    void* p = nullptr;
-    PYCOMM_CUDA_CHECK(cudaMallocAsync(&p, bytes ? bytes : 1, stream_));
-    sync();
-    return p;
-  }
-  void release(void* p) override {  // from destructors: must not throw
-    int prev = -1;
-    cudaGetDevice(&prev);
-    cudaSetDevice(device_);
-    cudaFreeAsync(p, stream_);
-    if (prev >= 0 && prev != device_) cudaSetDevice(prev);
-  }
-
  private:
   void sync() { PYCOMM_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   int read_flag() {
@@ -163,17 +145,6 @@ DeviceOps& cuda_device_ops(int device) {
   CudaOps*& t = tables()[static_cast<size_t>(device)];
   if (!t) t = new CudaOps(device);
   return *t;
-}
-
-WorkspaceStats cuda_ops_workspace_stats() {
-  std::lock_guard<std::mutex> lock(tables_mu());
-  WorkspaceStats s;
-  for (const CudaOps* t : tables()) {
-    if (!t) continue;
-    s.bytes += t->workspace_bytes();
-    s.allocations += t->workspace_allocations();
-  }
-  return s;
 }
 
 }  // namespace comm

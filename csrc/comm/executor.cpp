@@ -20,7 +20,6 @@
 #include "../kernels/fusion.h"
 #include "../kernels/reduce.h"
 #include "algorithms.h"
-#include "device_ops.h"
 #include "memory_mover.h"
 #include "shm_window.h"
 #include "staging.h"
@@ -293,21 +292,21 @@ void Executor::memory_stats(EngineStats* s) {
   s->staging_bytes = 2 * staging_->bytes;
   s->device_cache_bytes = s->device_cache_allocations = 0;
   s->device_fusion_bytes = s->device_fusion_allocations = 0;
+  s->compressed_cache_bytes = s->compressed_cache_allocations = 0;
   auto count_mover = [s](const MemoryMover* m) {
     if (!m) return;
     s->device_cache_bytes += m->cached_bytes();
     s->device_cache_allocations += m->allocations();
     s->device_fusion_bytes += m->fusion_bytes();
     s->device_fusion_allocations += m->fusion_allocations();
+    s->compressed_cache_bytes += m->compressed_bytes();
+    s->compressed_cache_allocations += m->compressed_allocations();
   };
   {
     std::lock_guard<std::mutex> movers(movers_mu_);
     count_mover(host_mover_.get());
     for (const auto& m : cuda_movers_) count_mover(m.get());
   }
-  const WorkspaceStats ws = device_ops_workspace_stats();  // the compressed allreduce's device workspaces
-  s->device_cache_bytes += ws.bytes;
-  s->device_cache_allocations += ws.allocations;
 }
 
 }  // namespace comm

@@ -58,7 +58,6 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <vector>
 
 #include "../kernels/cast.h"
@@ -67,6 +66,7 @@
 #include "algorithms.h"
 #include "compressed_allreduce.h"
 #include "device_ops.h"
+#include "memory_mover.h"
 #include "shm_window.h"
 #include "timeline.h"
 #include "wait_policy.h"
@@ -191,18 +191,6 @@ class HalfRing {
   std::vector<char> tmp_;
 };
 
-// Private working memory, reused between calls (engine operations never overlap).
-struct HierScratch {
-  std::mutex mu;
-  std::vector<float> piece;  // fp16/bf16: one chunk's node sum
-  std::vector<float> sum;    // onebit: the slice's node sum
-  std::vector<uint8_t> onebit_ws;  // onebit: the cross-node scheme's workspace
-};
-HierScratch& hier_scratch() {
-  static HierScratch s;
-  return s;
-}
-
 size_t round64(size_t bytes) { return (bytes + 63) & ~size_t(63); }
 
 // The node stage of the schedule above, chunk by chunk; see the file comment.
@@ -277,14 +265,13 @@ class NodeChunks {
 };
 
 void half_hierarchical(const CompressedArgs& a, const Topology& topo, ShmWindow& shm, size_t shm_chunk_bytes,
-                       const compressed_detail::NodeSlice& s, CompressedStats* stats) {
+                       const compressed_detail::NodeSlice& s, MemoryMover& memory, CompressedStats* stats) {
   const DType half = a.compression == Compression::BF16 ? DType::BF16 : DType::F16;
   const float weight = a.average ? 1.0f / static_cast<float>(topo.size) : 1.0f;
   const size_t n = a.input.count;
   NodeChunks node(a, shm, shm_chunk_bytes, part_size(n, s.L, 0) * 2);
-  HierScratch& hs = hier_scratch();
-  std::lock_guard<std::mutex> lock(hs.mu);
-  if (hs.piece.size() < node.piece_elems()) hs.piece.resize(node.piece_elems());
+  MemoryMover::Lease lease = memory.compressed_memory(node.piece_elems() * sizeof(float));
+  float* node_piece = static_cast<float*>(lease.get());  // one chunk's node sum
   uint16_t* mine = reinterpret_cast<uint16_t*>(node.result(s.me));  // this slice's halves
 
   std::deque<HalfRing> rings;  // on the wire, oldest first
@@ -297,12 +284,12 @@ void half_hierarchical(const CompressedArgs& a, const Topology& topo, ShmWindow&
   timeline::Phase phase("PIPELINE");
   for (size_t t = 0; t < node.chunks(); ++t) {
     node.copy_in(t, progress);
-    node.sum(t, hs.piece.data(), progress);
+    node.sum(t, node_piece, progress);
     const size_t len = node.piece_len(s.me, t);
     uint16_t* h = mine + node.piece_begin(t);
     if (len) {
       int bad = 0;  // the cast sets its flag
-      kernels::cast_to_half_cpu(hs.piece.data(), h, len, half, weight, &bad);
+      kernels::cast_to_half_cpu(node_piece, h, len, half, weight, &bad);
       overflow |= bad;
     }
     if (s.M > 1 && len) {
@@ -334,14 +321,15 @@ void half_hierarchical(const CompressedArgs& a, const Topology& topo, ShmWindow&
 }
 
 void onebit_hierarchical(const CompressedArgs& a, const Topology& topo, ShmWindow& shm, size_t shm_chunk_bytes,
-                         const compressed_detail::NodeSlice& s) {
+                         const compressed_detail::NodeSlice& s, MemoryMover& memory) {
   const size_t n = a.input.count;
   const OneBitLayout widest = onebit_layout(part_size(n, s.L, 0), s.M);
   NodeChunks node(a, shm, shm_chunk_bytes, widest.block_bytes() * static_cast<size_t>(s.M));
-  HierScratch& hs = hier_scratch();
-  std::lock_guard<std::mutex> lock(hs.mu);
-  if (hs.sum.size() < s.len) hs.sum.resize(s.len);
-  float* sum = hs.sum.data();
+  // Working memory: the slice's node sum (len floats), then the cross-node scheme's buffers.
+  const size_t sum_bytes = compressed_detail::ws_aligned(s.len * sizeof(float));
+  MemoryMover::Lease lease =
+      memory.compressed_memory(sum_bytes + compressed_detail::onebit_workspace_bytes(s.len, s.M));
+  float* sum = static_cast<float*>(lease.get());
   const uint8_t* mask = static_cast<const uint8_t*>(a.mask.data);
   const uint8_t* slice_mask = mask ? mask + s.begin : nullptr;
   int overflow = 0;
@@ -369,8 +357,8 @@ void onebit_hierarchical(const CompressedArgs& a, const Topology& topo, ShmWindo
   c.mask.data = const_cast<uint8_t*>(slice_mask);
   const float weight = a.average ? 1.0f / static_cast<float>(topo.size) : 1.0f;
   if (s.len) {
-    hs.onebit_ws.resize(std::max(hs.onebit_ws.size(), compressed_detail::onebit_workspace_bytes(s.len, s.M)));
-    compressed_detail::onebit_two_phase(c, topo.cross, weight, cpu_device_ops(), nullptr, hs.onebit_ws.data(),
+    compressed_detail::onebit_two_phase(c, topo.cross, weight, cpu_device_ops(), nullptr,
+                                        static_cast<uint8_t*>(lease.get()) + sum_bytes,
                                         reinterpret_cast<uint8_t*>(node.result(s.me)));
   }
 
@@ -397,11 +385,11 @@ void onebit_hierarchical(const CompressedArgs& a, const Topology& topo, ShmWindo
 }  // namespace
 
 void hierarchical_compressed_allreduce(const CompressedArgs& a, const Topology& topo, ShmWindow& shm,
-                                       size_t shm_chunk_bytes, CompressedStats* stats) {
+                                       size_t shm_chunk_bytes, MemoryMover& memory, CompressedStats* stats) {
   const compressed_detail::NodeSlice s = compressed_detail::node_slice(a, topo, stats);
   if (a.input.count == 0) return;
-  if (a.compression == Compression::ONEBIT) onebit_hierarchical(a, topo, shm, shm_chunk_bytes, s);
-  else half_hierarchical(a, topo, shm, shm_chunk_bytes, s, stats);
+  if (a.compression == Compression::ONEBIT) onebit_hierarchical(a, topo, shm, shm_chunk_bytes, s, memory);
+  else half_hierarchical(a, topo, shm, shm_chunk_bytes, s, memory, stats);
 }
 
 }  // namespace comm

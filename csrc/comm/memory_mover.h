@@ -64,9 +64,13 @@ class MemoryMover {
   // nothing -- on a GPU no cudaMalloc, and no cudaFree, which synchronises
   // the device. The block never exceeds the cache limit
   // (PYCOMM_DEVICE_CACHE_MB); a larger request gets memory of its own, freed
-  // when its Lease ends. Two blocks: the algorithms' working memory (the
-  // ring's receive slots) and the fusion buffer, which holds the packed
-  // tensors while the algorithm runs on it.
+  // when its Lease ends. Three blocks, since one operation may hold all three
+  // at once: the algorithms' working memory (the ring's receive slots), the
+  // fusion buffer, which holds the packed tensors while the algorithm runs on
+  // it, and the compressed allreduce's workspace (its half buffer, or
+  // onebit's wire buffers and sums), which it holds while the ring underneath
+  // leases working memory. This is the one cache of every operation's
+  // working memory: the host mover serves host tensors and the host stand-ins.
   class Lease {
    public:
     Lease(MemoryMover* mover, void* p, bool owned) : mover_(mover), p_(p), owned_(owned) {}
@@ -85,10 +89,13 @@ class MemoryMover {
   };
   Lease working_memory(size_t bytes) { return lease(working_, bytes); }
   Lease fusion_memory(size_t bytes) { return lease(fusion_, bytes); }
+  Lease compressed_memory(size_t bytes) { return lease(compressed_, bytes); }
   size_t cached_bytes() const { return working_.bytes; }
   uint64_t allocations() const { return working_.allocations; }  // blocks allocated by working_memory()
   size_t fusion_bytes() const { return fusion_.bytes; }
   uint64_t fusion_allocations() const { return fusion_.allocations; }  // blocks allocated by fusion_memory()
+  size_t compressed_bytes() const { return compressed_.bytes; }
+  uint64_t compressed_allocations() const { return compressed_.allocations; }  // by compressed_memory()
   void set_cache_limit(size_t bytes) { cache_limit_ = bytes; }
   // Requests above the cache limit (memory of their own, allocated and freed per call).
   uint64_t uncached_allocations() const { return uncached_; }
@@ -99,6 +106,7 @@ class MemoryMover {
   void drop_cache() {
     drop(working_);
     drop(fusion_);
+    drop(compressed_);
   }
 
  private:
@@ -135,7 +143,7 @@ class MemoryMover {
                    "are allocated per call (raise the limit to keep them); said once\n",
                    bytes >> 20, cache_limit_ >> 20);
   }
-  Cache working_, fusion_;
+  Cache working_, fusion_, compressed_;
   size_t cache_limit_ = size_t(256) << 20;
   uint64_t uncached_ = 0;
 };

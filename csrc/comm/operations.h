@@ -87,10 +87,13 @@ struct EngineStats {
   uint64_t fusion_buffer_bytes = 0;  // the host fusion buffer (paths without a shared window)
   uint64_t staging_bytes = 0;        // the two staging chunks (device data, or forced staging)
   // Working memory the movers keep for device-direct algorithms (host stand-in included), and how
-  // many blocks they have allocated for it (MemoryMover::working_memory), with the compressed
-  // allreduce's device workspaces (DeviceOps::workspace, process-wide).
+  // many blocks they have allocated for it (MemoryMover::working_memory).
   uint64_t device_cache_bytes = 0;
   uint64_t device_cache_allocations = 0;
+  // The compressed allreduce's working memory the movers keep (MemoryMover::compressed_memory; host
+  // tensors' in the host mover), and how many blocks they have allocated for it.
+  uint64_t compressed_cache_bytes = 0;
+  uint64_t compressed_cache_allocations = 0;
   // The movers' cached device fusion buffers (device tensors and the host stand-ins), and how many
   // blocks they have allocated for them (MemoryMover::fusion_memory).
   uint64_t device_fusion_bytes = 0;

@@ -199,6 +199,33 @@ def test_onebit_wire_bytes(comm):
             assert abs(ratio - 1 / 32) < 1e-3, ratio  # 2 S/32 instead of 2 S
 
 
+def test_host_forms_allocate_nothing_per_call(comm):
+    """Host tensors' compressed working memory is one cached block of the engine's host mover
+    (pycomm.stats(): compressed_cache_*): after the first call of a size, more calls of that size
+    allocate nothing, and a larger size grows the block once."""
+    rank = pycomm.rank()
+    c = OneBit()
+    for compression in ("fp16", c):
+        x = rank_data(rank, 20_001, torch.float32, seed=710)
+        for i in range(4):
+            if compression is c:
+                c.allreduce_async(x.clone(), name="steady").wait()
+            else:
+                pycomm.allreduce(x.clone(), compression=compression)
+            if i == 0:
+                first = pycomm.stats()
+        after = pycomm.stats()
+        assert after["compressed_cache_allocations"] == first["compressed_cache_allocations"], compression
+        assert after["compressed_cache_bytes"] == first["compressed_cache_bytes"] > 0, compression
+    before = pycomm.stats()
+    big = rank_data(rank, 4 * 20_001 + 3, torch.float32, seed=711)
+    for _ in range(3):
+        pycomm.allreduce(big.clone(), compression="fp16")
+    grown = pycomm.stats()
+    assert grown["compressed_cache_bytes"] >= 2 * big.numel(), "the half buffer at least"
+    assert grown["compressed_cache_allocations"] <= before["compressed_cache_allocations"] + 1
+
+
 def test_residual_state_round_trips(comm, tmp_path_factory):
     """state_dict -> torch.save -> load_state_dict into a fresh compressor continues bitwise identically."""
     rank = pycomm.rank()

@@ -246,8 +246,9 @@ def test_bad_input_is_reported_on_the_device_paths(path, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("path", PATHS)
 def test_no_allocation_per_call(path, device):
-    """The device form's workspace is kept between calls (pycomm.stats(): device_cache_*): after the
-    first call of a size, more calls of that size allocate nothing."""
+    """The device form's working memory is kept between calls (pycomm.stats(): compressed_cache_* and,
+    for the ring's slots, device_cache_*): after the first call of a size, more calls of that size
+    allocate nothing."""
     skip_unless_applies(path, device)
     rank = pycomm.rank()
     c = OneBit()
@@ -263,7 +264,8 @@ def test_no_allocation_per_call(path, device):
                     first = pycomm.stats()
             after = pycomm.stats()
             assert after["device_cache_allocations"] == first["device_cache_allocations"], compression
-            assert after["device_cache_bytes"] >= 2 * 20_001, "the half buffer at least"
+            assert after["compressed_cache_allocations"] == first["compressed_cache_allocations"], compression
+            assert after["compressed_cache_bytes"] >= 2 * 20_001, "the half buffer at least"
 
 
 def test_tensors_on_other_devices_are_refused():
