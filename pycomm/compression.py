@@ -310,13 +310,6 @@ class BF16(_HalfCompressor):
     half_dtype = torch.bfloat16
 
 
-class _Residuals:
-    __slots__ = ("worker", "server", "world_size")
-
-    def __init__(self, worker: torch.Tensor, server: torch.Tensor, world_size: int):
-        self.worker, self.server, self.world_size = worker, server, world_size
-
-
 class OneBit(InFlightByName, _EngineCompressor):
     """1 bit per element with error feedback, two-phase (DeepSpeed's compressed allreduce).
 
@@ -351,7 +344,7 @@ class OneBit(InFlightByName, _EngineCompressor):
     name = "onebit"
 
     def __init__(self, masks: Optional[Dict[str, torch.Tensor]] = None):
-        self._residuals: Dict[str, _Residuals] = {}
+        self._residuals = _C.OnebitResiduals()  # error feedback per name (the c10d backend's store too)
         self._masks: Dict[str, torch.Tensor] = {}
         self._device_masks: Dict[Tuple[str, torch.device], torch.Tensor] = {}  # masks copied to a device
         self._init_pending()
@@ -389,39 +382,24 @@ class OneBit(InFlightByName, _EngineCompressor):
     # ---- state ----
     def residuals(self, name: str) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
         """(worker, server) residual tensors of `name`, or None (live tensors, not copies)."""
-        r = self._residuals.get(name)
-        return None if r is None else (r.worker, r.server)
+        return self._residuals.get(name)
 
     def names(self) -> List[str]:
-        return list(self._residuals)
+        return self._residuals.names()
 
-    def _residuals_for(self, name: str, numel: int, world: int,
-                       device: torch.device = torch.device("cpu")) -> _Residuals:
-        r = self._residuals.get(name)
-        padded, chunk = _C.onebit_layout(numel, world)
-        if r is not None:
-            if r.worker.numel() != numel:
-                raise ValueError(f"onebit: tensor '{name}' has {numel} elements but its residuals were made for "
-                                 f"{r.worker.numel()}; names must be unique per tensor (or call reset('{name}'))")
-            if r.world_size != world or r.server.numel() != chunk:
-                r.server = torch.zeros(chunk, dtype=torch.float32, device=device)
-                r.world_size = world
-            if r.worker.device != device or r.server.device != device:  # the state follows its tensor
-                r.worker, r.server = r.worker.to(device), r.server.to(device)
-            return r
-        r = _Residuals(torch.zeros(numel, dtype=torch.float32, device=device),
-                       torch.zeros(chunk, dtype=torch.float32, device=device), world)
-        self._residuals[name] = r
-        return r
+    def _residuals_for(self, name: str, tensor: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        try:
+            return self._residuals.for_call(name, tensor, size())
+        except ValueError as e:
+            raise ValueError(f"{e}; names must be unique per tensor (or call reset('{name}'))") from None
 
     def state_dict(self) -> Dict[str, Any]:
         self._wait_pending()
-        return {
-            "compression": self.name,
-            "world_size": size(),
-            "residuals": {k: {"worker": r.worker.clone(), "server": r.server.clone()}
-                          for k, r in self._residuals.items()},
-        }
+        residuals = {}
+        for k in self._residuals.names():
+            worker, server = self._residuals.get(k)
+            residuals[k] = {"worker": worker.clone(), "server": server.clone()}
+        return {"compression": self.name, "world_size": size(), "residuals": residuals}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -431,28 +409,28 @@ class OneBit(InFlightByName, _EngineCompressor):
         if saved_world != world and state.get("residuals"):
             warnings.warn(f"onebit: residuals saved at {saved_world} ranks, loading at {world}: worker residuals "
                           "kept, server residuals reset to zero", RuntimeWarning, stacklevel=2)
-        self._residuals = {}
+        self._residuals.clear()
         for k, v in state.get("residuals", {}).items():
             worker = v["worker"].detach().to(torch.float32).reshape(-1).contiguous().clone()
             _, chunk = _C.onebit_layout(worker.numel(), world)
             server = v["server"].detach().to(torch.float32).reshape(-1).contiguous().clone()
             if saved_world != world or server.numel() != chunk:
                 server = torch.zeros(chunk, dtype=torch.float32)
-            self._residuals[k] = _Residuals(worker, server, world)
+            self._residuals.put(k, worker, server, world)
 
     def reset(self, name: Optional[str] = None) -> None:
         self._wait_pending()
         if name is None:
             self._residuals.clear()
         else:
-            self._residuals.pop(name, None)
+            self._residuals.pop(name)
 
     # ---- generic interface (one rank, no communication) ----
     def compress(self, tensor, name):
         """Worker side only: (bits uint8, scales float32) of tensor + residual, updating the worker residual."""
-        r = self._residuals_for(name or "", tensor.numel(), size(), tensor.device)
+        worker, _ = self._residuals_for(name or "", tensor)
         _, chunk = _C.onebit_layout(tensor.numel(), size())
-        bits, scales = kernels.onebit_compress(tensor.reshape(-1).contiguous().float(), r.worker, chunk=max(chunk, 8),
+        bits, scales = kernels.onebit_compress(tensor.reshape(-1).contiguous().float(), worker, chunk=max(chunk, 8),
                                                mask=self._mask_on(name or "", tensor.device))
         return [bits, scales], (tensor.shape, max(chunk, 8), self._mask_on(name or "", tensor.device))
 
@@ -480,8 +458,8 @@ class OneBit(InFlightByName, _EngineCompressor):
             mask = self._mask_on(name, tensor.device)
             if mask is not None and mask.numel() != tensor.numel():
                 raise ValueError(f"onebit mask '{name}' has {mask.numel()} elements, the tensor {tensor.numel()}")
-        r = self._residuals_for(name, tensor.numel(), size(), tensor.device)
-        h = _C.compressed_allreduce_async(tensor, out, "onebit", op == "avg", r.worker, r.server, mask, name,
+        worker, server = self._residuals_for(name, tensor)
+        h = _C.compressed_allreduce_async(tensor, out, "onebit", op == "avg", worker, server, mask, name,
                                           _blocking)
         self._track(name, h)
         return h

@@ -5,6 +5,7 @@
 #include "../comm/compressed_allreduce.h"
 #include "../comm/engine.h"
 #include "bindings.h"
+#include "error_feedback.h"
 
 namespace py = pybind11;
 
@@ -79,6 +80,50 @@ void register_compression(py::module_& m) {
         py::arg("compression"), py::arg("average"), py::arg("worker_residual") = py::none(),
         py::arg("server_residual") = py::none(), py::arg("mask") = py::none(), py::arg("name") = "",
         py::arg("blocking") = false);
+  using Residuals = OnebitResiduals<std::string>;
+  py::class_<Residuals>(m, "OnebitResiduals",
+                        "Error feedback of the onebit compressed allreduce: this rank's (worker, server) residuals "
+                        "per tensor name, carried from one call to the next (csrc/bindings/error_feedback.h; the "
+                        "c10d backend keeps its call sites' residuals in the same store).")
+      .def(py::init<>())
+      .def(
+          "for_call",
+          [](Residuals& r, const std::string& name, const at::Tensor& t, int world) {
+            if (world < 1) throw py::value_error("OnebitResiduals.for_call: world must be >= 1");
+            const Residuals::Pair& p = r.for_call(name, t, world, 0, [](const std::string& k) { return k; });
+            return py::make_tuple(p.worker, p.server);
+          },
+          py::arg("name"), py::arg("tensor"), py::arg("world"),
+          "(worker, server) residuals for `tensor`'s call under `name` at `world` ranks: made zero on the "
+          "tensor's device at the first call, the server residual reset when the world size changed, both "
+          "moved to the tensor's device; ValueError if `name` holds residuals of another element count.")
+      .def(
+          "get",
+          [](const Residuals& r, const std::string& name) -> py::object {
+            const Residuals::Pair* p = r.find(name);
+            if (!p) return py::none();
+            return py::make_tuple(p->worker, p->server);
+          },
+          py::arg("name"), "(worker, server) of `name` (the live tensors), or None.")
+      .def(
+          "put",
+          [](Residuals& r, const std::string& name, const at::Tensor& worker, const at::Tensor& server, int world) {
+            if (worker.scalar_type() != at::kFloat || server.scalar_type() != at::kFloat)
+              throw py::type_error("OnebitResiduals.put: residuals are float32");
+            r.put(name, worker, server, world);
+          },
+          py::arg("name"), py::arg("worker"), py::arg("server"), py::arg("world"),
+          "Residuals of `name` from a checkpoint, saved at `world` ranks (kept as given until the next call).")
+      .def("pop", [](Residuals& r, const std::string& name) { r.erase(name); }, py::arg("name"))
+      .def("clear", &Residuals::clear)
+      .def("names",
+           [](const Residuals& r) {
+             std::vector<std::string> names;
+             for (const auto& kv : r.entries()) names.push_back(kv.first);
+             return names;
+           })
+      .def("__len__", &Residuals::size)
+      .def("__contains__", [](const Residuals& r, const std::string& name) { return r.find(name) != nullptr; });
   m.def(
       "onebit_layout",
       [](size_t n, int world) {

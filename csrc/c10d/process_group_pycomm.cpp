@@ -291,7 +291,7 @@ ProcessGroupPycomm::CompressionState ProcessGroupPycomm::compression_state() {
   s.period = sites_.period();
   s.breaks = sites_.breaks();
   s.last = last_;
-  s.residuals = residuals_;
+  s.residuals = residuals_.entries();
   return s;
 }
 
@@ -412,17 +412,10 @@ WorkRef ProcessGroupPycomm::compressed_allreduce(const at::Tensor& t, bool avera
     key.shape.assign(t.sizes().begin(), t.sizes().end());
     std::lock_guard<std::mutex> lock(sites_mu_);
     const Site site{sites_.next(key), key.hash()};
-    if (site.first >= 0 && residuals_.size() > 2 * CallSites::kMaxPeriod) {
-      // bound the memory: drop the per-key sites of learning calls
-      for (auto it = residuals_.begin(); it != residuals_.end();) it = it->first.first < 0 ? residuals_.erase(it) : ++it;
-    }
-    Residual& r = residuals_[site];
-    if (!r.worker.defined() || r.key != key) {  // new (or a hash collision: the newer key takes the site)
-      const size_t chunk = comm::onebit_layout(static_cast<size_t>(t.numel()), size_).chunk;
-      r.key = key;
-      r.worker = at::zeros({t.numel()}, t.options());
-      r.server = at::zeros({static_cast<int64_t>(chunk)}, t.options());
-    }
+    if (site.first >= 0 && residuals_.size() > 2 * CallSites::kMaxPeriod)
+      residuals_.erase_if([](const Site& s) { return s.first < 0; });  // bound the memory: drop the learning sites
+    // Tagged with the key: a hash collision replaces the site's residuals (the newer key takes it).
+    Residuals::Pair& r = residuals_.for_call(site, t, size_, key);
     last_ = site;
     a.worker_residual = buffer_of(r.worker, "allreduce");
     a.server_residual = buffer_of(r.server, "allreduce");

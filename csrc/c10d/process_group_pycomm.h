@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 
+#include "../bindings/error_feedback.h"
 #include "call_sites.h"
 
 namespace pycomm {
@@ -33,19 +34,18 @@ class ProcessGroupPycomm : public c10d::Backend {
   int64_t group_id() const { return group_; }
 
   // Compression ("none", "fp16", "bf16", "onebit") and, for onebit, the
-  // error-feedback state (call_sites.h): one residual pair per call site.
+  // error-feedback state (call_sites.h): one residual pair per call site, in
+  // the store pycomm.compression.OneBit uses too (bindings/error_feedback.h),
+  // tagged with the site's key.
   std::string compression() const;
-  struct Residual {
-    SiteKey key;
-    at::Tensor worker, server;  // float32[n], float32[chunk of this rank]
-  };
   // A site: (position in the fixed period, or -1 while learning; the key's hash).
   using Site = std::pair<int64_t, uint64_t>;
+  using Residuals = bindings::OnebitResiduals<Site, SiteKey>;
   struct CompressionState {
     size_t period = 0;  // 0 while learning
     uint64_t breaks = 0;
     Site last{-1, 0};   // the site of the latest onebit call
-    std::map<Site, Residual> residuals;  // the live tensors
+    std::map<Site, Residuals::Pair> residuals;  // the live tensors, tagged with their keys
   };
   CompressionState compression_state();
   void reset_compression();
@@ -109,7 +109,7 @@ class ProcessGroupPycomm : public c10d::Backend {
   std::atomic<uint64_t> seq_{0};      // collectives submitted on this group (getSequenceNumberForGroup)
   std::mutex sites_mu_;  // callers may submit from several threads (DDP's autograd threads)
   CallSites sites_;
-  std::map<Site, Residual> residuals_;
+  Residuals residuals_;
   Site last_{-1, 0};
 };
 

@@ -32,8 +32,8 @@ void register_c10d(py::module_& m) {
             py::dict residuals;
             py::object last = py::none();
             for (auto& kv : s.residuals) {
-              residuals[site(kv.first, kv.second.key)] = py::make_tuple(kv.second.worker, kv.second.server);
-              if (kv.first == s.last) last = site(kv.first, kv.second.key);
+              residuals[site(kv.first, kv.second.tag)] = py::make_tuple(kv.second.worker, kv.second.server);
+              if (kv.first == s.last) last = site(kv.first, kv.second.tag);
             }
             py::dict d;
             d["compression"] = pg.compression();
