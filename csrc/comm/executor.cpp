@@ -22,6 +22,7 @@
 #include "algorithms.h"
 #include "memory_mover.h"
 #include "shm_window.h"
+#include "host_mover.h"
 #include "staging.h"
 #include "timeline.h"
 

@@ -51,7 +51,6 @@ class Executor {
   JobShape job_shape() const;
   // The algorithm `requested` ("auto" or a name) means for `bytes` on this topology under `o`. Any thread.
   Algorithm resolve(Algorithm requested, size_t bytes, const EngineOptions& o) const;
-  bool cuda_aware() const { return cuda_aware_; }
   // The path of memory on `device` under the running options (MemoryPath above).
   MemoryPath path_of(Device device) const;
 

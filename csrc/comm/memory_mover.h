@@ -1,6 +1,6 @@
 // How bytes move between a buffer's memory (a GPU, or host memory standing
 // in for one) and host staging memory, and how that memory is reduced in
-// place. No MPI or torch here, so the CUDA implementation (staging_cuda.cu)
+// place. No MPI or torch here, so the CUDA implementation (cuda_mover.cu)
 // compiles with plain nvcc.
 #pragma once
 #include <algorithm>
@@ -148,12 +148,12 @@ class MemoryMover {
   uint64_t uncached_ = 0;
 };
 
-// CUDA streams and pinned host memory on `device` (staging_cuda.cu; CUDA builds only).
+// CUDA streams and pinned host memory on `device` (cuda_mover.cu; CUDA builds only).
 std::unique_ptr<MemoryMover> make_cuda_mover(int device);
 
 // Whether the MPI library can read and write CUDA device memory itself
 // (MPIX_Query_cuda_support where the implementation has it; PYCOMM_CUDA_AWARE
-// overrides). Defined in staging.cpp.
+// overrides). Defined in memory_mover.cpp.
 bool mpi_is_cuda_aware();
 // What the MPI library itself says, whatever PYCOMM_CUDA_AWARE claims: 1 CUDA-aware, 0 built without
 // CUDA (Open MPI's mpi-ext.h defines MPIX_CUDA_AWARE_SUPPORT as 0), -1 the library cannot tell.
