@@ -187,20 +187,31 @@ void Executor::host_allreduce(const AllreduceArgs& a) {
   if (avg.after != 1.0) kernels::scale_cpu(out.data, out.count, out.dtype, avg.after);
 }
 
-void Executor::fused_allreduce(const std::vector<const AllreduceArgs*>& batch) {
-  const AllreduceArgs& head = *batch.front();
-  if (device_fusion(head)) return device_fused_allreduce(batch);
-  const DType dtype = head.input.dtype;
+namespace {
+// A fused batch as the pack and unpack kernels take it: sources, destinations and element counts
+// in batch order, and their total.
+struct BatchLayout {
   std::vector<const void*> srcs;
   std::vector<void*> dsts;
   std::vector<size_t> counts;
   size_t total = 0;
-  for (const AllreduceArgs* a : batch) {
-    srcs.push_back(a->input.data);
-    dsts.push_back(a->output.data);
-    counts.push_back(a->input.count);
-    total += a->input.count;
+  explicit BatchLayout(const std::vector<const AllreduceArgs*>& batch) {
+    for (const AllreduceArgs* a : batch) {
+      srcs.push_back(a->input.data);
+      dsts.push_back(a->output.data);
+      counts.push_back(a->input.count);
+      total += a->input.count;
+    }
   }
+};
+}  // namespace
+
+void Executor::fused_allreduce(const std::vector<const AllreduceArgs*>& batch) {
+  const AllreduceArgs& head = *batch.front();
+  if (device_fusion(head)) return device_fused_allreduce(batch);
+  const DType dtype = head.input.dtype;
+  const BatchLayout layout(batch);
+  const auto& [srcs, dsts, counts, total] = layout;
   const size_t bytes = total * kernels::dtype_size(dtype);
   const Algorithm algo = resolve(head.algorithm, bytes, active_);
   // Refused shapes fall through to allreduce, which names the reason.
@@ -243,7 +254,6 @@ AllreduceArgs Executor::fused_args(const AllreduceArgs& head, void* flat, size_t
   return fused;
 }
 
-
 bool Executor::device_fusion(const AllreduceArgs& head) const {
   return path_of(head.input.device) != MemoryPath::HOST;
 }
@@ -251,16 +261,8 @@ bool Executor::device_fusion(const AllreduceArgs& head) const {
 void Executor::device_fused_allreduce(const std::vector<const AllreduceArgs*>& batch) {
   const AllreduceArgs& head = *batch.front();
   const DType dtype = head.input.dtype;
-  std::vector<const void*> srcs;
-  std::vector<void*> dsts;
-  std::vector<size_t> counts;
-  size_t total = 0;
-  for (const AllreduceArgs* a : batch) {
-    srcs.push_back(a->input.data);
-    dsts.push_back(a->output.data);
-    counts.push_back(a->input.count);
-    total += a->input.count;
-  }
+  const BatchLayout layout(batch);
+  const auto& [srcs, dsts, counts, total] = layout;
   MemoryMover& mover = mover_for(head.input);
   MemoryMover::Lease flat = mover.fusion_memory(total * kernels::dtype_size(dtype));
   timeline::Phase phase("DEVICE_PACK");
