@@ -24,6 +24,7 @@ from typing import Dict, List, Optional
 import torch
 
 import pycomm
+from pycomm import _C, _ops
 
 from .compression import Compression, _is_onebit
 from .process_sets import ProcessSet, _group, global_process_set
@@ -290,6 +291,11 @@ def _allreduce_start(tensor, output, name, op, prescale_factor, postscale_factor
     """Start tensor -> output (output may be tensor); returns a Horovod handle. blocking: the caller
     synchronizes at once, so an idle engine runs the allreduce on this thread (pycomm.allreduce's
     path) instead of handing it to its worker."""
+    if output is tensor and process_set is global_process_set and prescale_factor == 1.0 \
+            and postscale_factor == 1.0 and (op == Sum or op == Average):
+        h = _in_place_fast(tensor, name, op, blocking)
+        if h is not None:
+            return h
     what = "allreduce"
     _check_scales(op, prescale_factor, postscale_factor, what)
     group = _group(process_set, what)
@@ -313,14 +319,50 @@ def _allreduce_start(tensor, output, name, op, prescale_factor, postscale_factor
     h = pycomm.allreduce_async(src, op=_PYCOMM_OP[op], out=None if in_place else out, name=name, group=group,
                                _blocking=blocking)
 
+    if out is output and postscale_factor == 1.0 and divisor == 1:
+        return _register([h], lambda: output, (src, out))  # the common Sum: nothing left to do
+
     def finish():
-        with torch.no_grad():
-            if out is not output:
-                output.copy_(out)
-            _postscale_(output, postscale_factor, divisor)
+        # On a detached view: the caller's tensor is written in place without autograd (Horovod's
+        # semantics), without the cost of entering no_grad once per tensor.
+        result = output.detach()
+        if out is not output:
+            result.copy_(out)
+        _postscale_(result, postscale_factor, divisor)
         return output
 
     return _register([h], finish, (src, out, output))
+
+
+def _in_place_fast(tensor, name, op, blocking) -> Optional[int]:
+    """The common call, in place over all ranks without scale factors (allreduce_async_, the
+    DistributedOptimizer's hooks), straight to the engine's binding as pycomm.allreduce_async's own
+    fast path: the binding checks the tensor (dtype, device, layout) before it queues anything, and
+    what it refuses returns None for the checked path's messages. Average as _int_average: fp16/bf16
+    keep the engine's average, other types are summed and divided by the world size N when the caller
+    synchronizes -- except floating types at a power-of-two N, where the engine's average (times
+    1/N, exact then) gives the same bits without a pass per tensor. bench/submit_cost.py times it."""
+    try:
+        average, divisor = False, 1
+        if op == Average:
+            n = pycomm.size()
+            if tensor.dtype in _HALF or (n & (n - 1) == 0 and tensor.is_floating_point()):
+                average = True
+            else:
+                divisor = n
+        h = _C.allreduce_async(tensor, tensor, "sum", average, "auto", name or "", blocking, 0)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if not blocking and not name:
+        _ops.note_unnamed(h, stacklevel=5)
+    if divisor == 1:
+        return _register([h], lambda: tensor, (tensor,))
+
+    def finish():
+        _postscale_(tensor.detach(), 1.0, divisor)  # a view: in place, without autograd (Horovod's semantics)
+        return tensor
+
+    return _register([h], finish, (tensor,))
 
 
 def _out_of_place(tensor, name, op, prescale_factor, postscale_factor, process_set, blocking=False) -> int:

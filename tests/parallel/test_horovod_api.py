@@ -89,6 +89,39 @@ def test_allreduce_inplace_async_poll_synchronize():
     assert torch.all(y == n)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.int32])
+def test_allreduce_inplace_average_is_the_sum_divided(dtype, comm):
+    """allreduce_async_ with hvd.Average (its in-place fast path) is Horovod's Average bit for bit: the
+    sum divided by N (fp16: pycomm's pre-divided average, the same as op="avg"), on contiguous,
+    non-contiguous (the checked path) and grad-requiring tensors alike."""
+    n = hvd.size()
+    base = rank_data(hvd.rank(), 1003, torch.float64 if dtype.is_floating_point else torch.int64, seed=41)
+    base = base.to(dtype) if dtype.is_floating_point else (base * 100).to(dtype)
+    summed = hvd.allreduce(base.clone(), op=hvd.Sum, name="avg_ref")
+    if dtype == torch.float16:
+        expected = pycomm_avg(base)
+    elif dtype.is_floating_point:
+        expected = summed / n
+    else:
+        expected = (summed.to(torch.float64) / n).to(dtype)  # truncated toward zero, as Horovod
+    contiguous = base.clone()
+    assert hvd.synchronize(hvd.allreduce_async_(contiguous, name="avg_c")) is contiguous
+    assert torch.equal(contiguous, expected)
+    strided = torch.stack([base, base], dim=1)[:, 0]  # every other element: not contiguous
+    hvd.synchronize(hvd.allreduce_async_(strided, name="avg_s"))
+    assert torch.equal(strided, expected)
+    if dtype.is_floating_point:
+        leaf = base.clone().requires_grad_()
+        hvd.synchronize(hvd.allreduce_async_(leaf, name="avg_g"))
+        assert torch.equal(leaf.detach(), expected)
+
+
+def pycomm_avg(t):
+    import pycomm
+
+    return pycomm.allreduce(t.clone(), op="avg")
+
+
 def test_allreduce_differentiable():
     n = hvd.size()
     w = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64, requires_grad=True)
