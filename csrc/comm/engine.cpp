@@ -698,7 +698,7 @@ void Engine::record_done(const std::vector<Op*>& batch, size_t count) {
     if (!w.ready) continue;
     const int device = w.ready->device();
     auto it = done.find(device);
-    if (it == done.end()) it = done.emplace(device, exec_->mover_of_device(w.ready->device()).record_done()).first;
+    if (it == done.end()) it = done.emplace(device, exec_->mover_of_device(device).record_done()).first;
     w.set_done_event(it->second);
     w.ready.reset();  // back to its pool
   }

@@ -275,7 +275,6 @@ void Executor::device_fused_allreduce(const std::vector<const AllreduceArgs*>& b
   mover.unpack(flat.get(), dsts.data(), counts.data(), counts.size(), dtype, unpack_scale);
 }
 
-
 MemoryMover& Executor::mover_of_device(int device) {
   Buffer b;
   b.device = device < 0 ? Device::CPU : Device::CUDA;

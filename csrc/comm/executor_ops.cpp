@@ -178,22 +178,21 @@ void Executor::compressed_allreduce(const CompressedArgs& args) {
   const MemoryPath path = path_of(args.input.device);
   const bool direct = path == MemoryPath::DIRECT;
   if (direct) check_direct(args.input, "compressed allreduce of '" + args.name + "'");
+  // The tensor's mover: its cache holds the working buffers (the host mover's for host memory).
+  MemoryMover& mover = mover_for(args.input);
   if (path != MemoryPath::HOST) {
     DeviceOps& ops = device ? cuda_device_ops(args.input.device_index) : cpu_device_ops();
-    MemoryMover& mover = mover_for(args.input);
     DeviceWire wire{mover, direct, *staging_, active_.staging_chunk_bytes, active_.ring_chunk_bytes};
     if (across_nodes)  // staged: the node's float32 sum in the host window
       device_hierarchical_compressed_allreduce(args, topo_, ops, wire, direct ? nullptr : &shm(), &st);
     else
       device_compressed_allreduce(args, topo_.world, ops, wire, &st);
+  } else if (across_nodes) {
+    hierarchical_compressed_allreduce(args, topo_, shm(), active_.shm_chunk_bytes, mover, &st);
+  } else if (args.compression == Compression::ONEBIT) {
+    onebit_compressed_allreduce(args, topo_.world, mover, &st);
   } else {
-    MemoryMover& memory = mover_for(args.input);  // the host mover: its cache holds the working buffers
-    if (across_nodes)
-      hierarchical_compressed_allreduce(args, topo_, shm(), active_.shm_chunk_bytes, memory, &st);
-    else if (args.compression == Compression::ONEBIT)
-      onebit_compressed_allreduce(args, topo_.world, memory, &st);
-    else
-      half_compressed_allreduce(args, topo_.world, active_.ring_chunk_bytes, memory, &st);
+    half_compressed_allreduce(args, topo_.world, active_.ring_chunk_bytes, mover, &st);
   }
   if (args.stats) *args.stats = st;
 }

@@ -261,11 +261,13 @@ def _postscale_(t, factor, n: int = 1) -> None:
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def _int_average(op: int, dtype, n: int):
-    """Horovod's Average: a Sum, then the result times postscale/n (_postscale_), n the set's size also
-    while ranks have joined (they add zeros). Returns (op to run, n to divide by afterwards).
-    fp16/bf16 keep pycomm's op='avg', which divides before the sum (a sum of large fp16 values
-    overflows before a later division could help)."""
+def _average_rule(op: int, dtype, n: int):
+    """Horovod's Average over n ranks is the sum divided by n, a correctly rounded quotient
+    (docs/compatibility.md), with n the set's size also while ranks have joined (they add zeros;
+    pycomm's own op="avg" divides by the ranks that contributed instead, so it cannot stand in even
+    where times 1/n would be exact). Returns (op to run, n to divide the result by afterwards in
+    _postscale_, or 1). fp16/bf16 keep pycomm's avg, which divides before the sum (a sum of large fp16
+    values overflows before a later division could help)."""
     if op == Average and dtype not in _HALF:
         return Sum, n
     return op, 1
@@ -301,7 +303,7 @@ def _allreduce_start(tensor, output, name, op, prescale_factor, postscale_factor
     group = _group(process_set, what)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"pycomm.horovod.{what}: expected a torch.Tensor, got {type(tensor).__name__}")
-    op, divisor = _int_average(op, tensor.dtype, _set_size(process_set))
+    op, divisor = _average_rule(op, tensor.dtype, _set_size(process_set))
     if op == Product:
         n = process_set.size() if process_set is not None else size()
         flat = tensor.detach().reshape(1, -1).contiguous()
@@ -338,19 +340,11 @@ def _in_place_fast(tensor, name, op, blocking) -> Optional[int]:
     """The common call, in place over all ranks without scale factors (allreduce_async_, the
     DistributedOptimizer's hooks), straight to the engine's binding as pycomm.allreduce_async's own
     fast path: the binding checks the tensor (dtype, device, layout) before it queues anything, and
-    what it refuses returns None for the checked path's messages. Average as _int_average: fp16/bf16
-    keep the engine's average, other types are summed and divided by the world size N when the caller
-    synchronizes -- except floating types at a power-of-two N, where the engine's average (times
-    1/N, exact then) gives the same bits without a pass per tensor. bench/submit_cost.py times it."""
+    what it refuses returns None for the checked path's messages. Average as _average_rule says.
+    bench/submit_cost.py times it."""
     try:
-        average, divisor = False, 1
-        if op == Average:
-            n = pycomm.size()
-            if tensor.dtype in _HALF or (n & (n - 1) == 0 and tensor.is_floating_point()):
-                average = True
-            else:
-                divisor = n
-        h = _C.allreduce_async(tensor, tensor, "sum", average, "auto", name or "", blocking, 0)
+        op, divisor = _average_rule(op, tensor.dtype, pycomm.size())
+        h = _C.allreduce_async(tensor, tensor, "sum", op == Average, "auto", name or "", blocking, 0)
     except (AttributeError, TypeError, ValueError):
         return None
     if not blocking and not name:
@@ -447,11 +441,14 @@ def _grouped_start(tensors, outputs, name, op, prescale_factor, postscale_factor
                                                  postscale_factor, process_set)
                                 for i, (t, o) in enumerate(zip(tensors, outputs))])
     divisor = 1
-    if op == Average:
-        halves = [t.dtype in _HALF for t in tensors]
-        if not any(halves):  # Horovod's Average (_int_average): one sum, then postscale / n
-            op, divisor = Sum, _set_size(process_set)
-        elif not all(halves):  # fp16/bf16 mixed with other dtypes: each tensor on its own path
+    if op == Average:  # one rule for the group (_average_rule), else each tensor on its own path
+        n = _set_size(process_set)
+        rules = {_average_rule(op, t.dtype, n) for t in tensors}
+        if len(rules) == 1:
+            op, divisor = rules.pop()
+        elif not any(t.dtype in _HALF for t in tensors):  # floats with integers: one sum, then / n
+            op, divisor = Sum, n
+        else:  # fp16/bf16 mixed with other dtypes
             return _register_group([_allreduce_start(t, o, f"{name}.{i}" if name else None, op, prescale_factor,
                                                      postscale_factor, process_set)
                                     for i, (t, o) in enumerate(zip(tensors, outputs))])
@@ -751,7 +748,7 @@ def _reducescatter_start(tensors, name, op, process_set, prescale_factor, postsc
     for i, tensor in enumerate(tensors):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"pycomm.horovod.{what}: expected a torch.Tensor, got {type(tensor).__name__}")
-        t_op, post = _int_average(op, tensor.dtype, n)
+        t_op, post = _average_rule(op, tensor.dtype, n)
         src = tensor.detach()
         if prescale_factor != 1.0:
             src = _scaled(src, prescale_factor)

@@ -116,6 +116,19 @@ def test_allreduce_inplace_average_is_the_sum_divided(dtype, comm):
         assert torch.equal(leaf.detach(), expected)
 
 
+def test_inplace_average_divides_by_the_set_size_while_a_rank_has_joined():
+    """Horovod's Average counts joined ranks (they add zeros), on the in-place path too."""
+    n = hvd.size()
+    if n == 1:
+        pytest.skip("needs a rank that joins while others allreduce")
+    x = torch.full((7,), float(hvd.rank() + 1))
+    if hvd.rank() < n - 1:
+        hvd.synchronize(hvd.allreduce_async_(x, name="avg_joined"))
+        # small integers: the sum is exact, the quotient one correct rounding (torch's division)
+        assert torch.equal(x, torch.full((7,), float(sum(range(1, n)))) / n)
+    assert 0 <= hvd.join() < n - 1  # the last rank to join: one of those that allreduced
+
+
 def pycomm_avg(t):
     import pycomm
 
