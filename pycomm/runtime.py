@@ -419,6 +419,12 @@ OPTIONS = {
                       "send host tensors through the staging pipeline too (exercises it without a GPU)"),
     "force_device_direct": ("PYCOMM_FORCE_DEVICE_DIRECT", bool, False,
                             "treat host tensors as device memory under a CUDA-aware MPI (exercises that path)"),
+    "peer_path": ("PYCOMM_PEER_PATH", bool, True,
+                  "CUDA tensors inside a node without a CUDA-aware MPI: allreduce by peer reads through CUDA IPC "
+                  "where every local rank can map the others' memory (probed at the first CUDA allreduce); off: "
+                  "staged through host memory"),
+    "force_peer": ("PYCOMM_FORCE_PEER", bool, False,
+                   "treat host tensors as device memory on the peer path (exercises it without a GPU)"),
     "pair_by_name": ("PYCOMM_PAIR_BY_NAME", bool, False,
                      "named operations pair across ranks by name, in any order, as Horovod's do (pycomm.horovod "
                      "turns it on): one that some rank has not submitted yet waits aside without holding up the "
@@ -470,12 +476,20 @@ def get_options() -> dict:
 
 
 def device_path() -> str:
-    """How CUDA tensors travel under this MPI (docs/gpu.md): "staged" (through pinned host memory: the
-    MPI cannot read device memory), "direct" (a CUDA-aware MPI reads it), or "refused: <why>" where
-    PYCOMM_CUDA_AWARE=1 claims a CUDA-aware MPI whose library says it was built without CUDA (the
-    engine then raises on CUDA tensors rather than hand their pointers to MPI)."""
+    """How CUDA tensors travel under this MPI (docs/gpu.md): "direct" (a CUDA-aware MPI reads device
+    memory); without one, "peer" (allreduces by peer reads inside the node through CUDA IPC, everything
+    else staged), "staged" (through pinned host memory), "staged: <why not peer>" once the peer path
+    was refused, or "peer or staged" before the first CUDA allreduce probed it; or "refused: <why>"
+    where PYCOMM_CUDA_AWARE=1 claims a CUDA-aware MPI whose library says it was built without CUDA
+    (the engine then raises on CUDA tensors rather than hand their pointers to MPI)."""
     if not _C.mpi_cuda_aware():
-        return "staged"
+        running = is_initialized()
+        if not (get_options() if running else options_from_env())["peer_path"]:
+            return "staged"
+        verdict = _C.peer_verdict() if running else ""
+        if verdict.startswith("peer"):
+            return "peer"
+        return verdict or "peer or staged"
     why = _C._direct_path_refusal("CUDA tensors", True, False, _C.mpi_library_cuda_support(),
                                   os.environ.get("PYCOMM_CUDA_AWARE", ""))
     return f"refused: {why}" if why else "direct"

@@ -65,6 +65,8 @@ comm::EngineOptions options_from(const py::dict& d, comm::EngineOptions o) {
   if (d.contains("staging_chunk_bytes")) o.staging_chunk_bytes = d["staging_chunk_bytes"].cast<size_t>();
   if (d.contains("force_staging")) o.force_staging = d["force_staging"].cast<bool>();
   if (d.contains("force_device_direct")) o.force_device_direct = d["force_device_direct"].cast<bool>();
+  if (d.contains("peer_path")) o.peer_path = d["peer_path"].cast<bool>();
+  if (d.contains("force_peer")) o.force_peer = d["force_peer"].cast<bool>();
   if (d.contains("pair_by_name")) o.pair_by_name = d["pair_by_name"].cast<bool>();
   if (d.contains("auto_table")) {
     o.auto_table.clear();
@@ -91,6 +93,8 @@ py::dict options_to(const comm::EngineOptions& o) {
   d["staging_chunk_bytes"] = o.staging_chunk_bytes;
   d["force_staging"] = o.force_staging;
   d["force_device_direct"] = o.force_device_direct;
+  d["peer_path"] = o.peer_path;
+  d["force_peer"] = o.force_peer;
   d["pair_by_name"] = o.pair_by_name;
   py::list table;
   for (const auto& e : o.auto_table) table.append(py::make_tuple(e.first, comm::algorithm_name(e.second)));
@@ -567,6 +571,8 @@ void register_comm(py::module_& m) {
     engine().set_options(o);
   });
   m.def("get_options", [] { return options_to(engine().options()); });
+  m.def("peer_verdict", [] { return engine().executor().peer_verdict(); },
+        "The peer path's verdict (executor.h): '' not probed yet, 'peer: <memory>' or 'staged: <why not>'.");
   m.def("stats", [] {
     auto s = engine().stats();
     py::dict d;
@@ -583,6 +589,9 @@ void register_comm(py::module_& m) {
     d["compressed_cache_bytes"] = s.compressed_cache_bytes;
     d["compressed_cache_allocations"] = s.compressed_cache_allocations;
     d["device_fusion_allocations"] = s.device_fusion_allocations;
+    d["peer_block_bytes"] = s.peer_block_bytes;
+    d["peer_allocations"] = s.peer_allocations;
+    d["peer_allreduces"] = s.peer_allreduces;
     d["ready_waits"] = s.ready_waits;
     d["done_events"] = s.done_events;
     const comm::EventCounters ev = comm::event_counters();

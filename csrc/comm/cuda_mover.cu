@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -62,6 +63,111 @@ LanePool& lane_pool() {
   static LanePool* pool = new LanePool;
   return *pool;
 }
+
+// The peer path's memory on a GPU (peer_memory.h): blocks from cudaMalloc (memory from cudaMallocAsync's
+// pools cannot be exported this way) shared as CUDA IPC handles, signals as interprocess events, the
+// work on the mover's lane 0. Blocks are allocated and freed only when the peer allreduce regrows them.
+class CudaPeerMemory : public PeerMemory {
+ public:
+  CudaPeerMemory(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
+  ~CudaPeerMemory() override {
+    cudaSetDevice(device_);
+    for (cudaEvent_t e : own_signals_)
+      if (e) cudaEventDestroy(e);
+  }
+  const char* kind() const override { return "CUDA IPC"; }
+
+  void* export_block(size_t bytes, Handle* handle) override {
+    static_assert(sizeof(cudaIpcMemHandle_t) <= kHandleBytes, "a CUDA IPC handle must fit a PeerMemory::Handle");
+    DeviceScope on(device_);
+    void* p = nullptr;
+    check(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc (peer block)");
+    cudaIpcMemHandle_t h;
+    const cudaError_t rc = cudaIpcGetMemHandle(&h, p);
+    if (rc != cudaSuccess) {
+      cudaFree(p);
+      check(rc, "cudaIpcGetMemHandle");
+    }
+    std::memcpy(handle->bytes, &h, sizeof h);
+    return p;
+  }
+  void unpublish(const Handle&) override {}
+  void release_block(void* block, size_t) override {
+    DeviceScope on(device_);
+    cudaStreamSynchronize(stream_);
+    cudaFree(block);
+  }
+  void* open_block(const Handle& handle, size_t) override {
+    DeviceScope on(device_);
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, handle.bytes, sizeof h);
+    void* p = nullptr;
+    const cudaError_t rc = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+    if (rc != cudaSuccess) {
+      cudaGetLastError();  // not sticky: clear it
+      throw std::runtime_error(std::string("cudaIpcOpenMemHandle on cuda:") + std::to_string(device_) + ": " +
+                               cudaGetErrorString(rc));
+    }
+    return p;
+  }
+  void close_block(void* block, size_t) override {
+    DeviceScope on(device_);
+    cudaIpcCloseMemHandle(block);
+  }
+
+  void export_signals(Handle handles[kSignals]) override {
+    static_assert(sizeof(cudaIpcEventHandle_t) <= kHandleBytes, "a CUDA IPC event handle must fit a PeerMemory::Handle");
+    DeviceScope on(device_);
+    for (int k = 0; k < kSignals; ++k) {
+      check(cudaEventCreateWithFlags(&own_signals_[k], cudaEventDisableTiming | cudaEventInterprocess),
+            "cudaEventCreate (interprocess)");
+      cudaIpcEventHandle_t h;
+      check(cudaIpcGetEventHandle(&h, own_signals_[k]), "cudaIpcGetEventHandle");
+      std::memcpy(handles[k].bytes, &h, sizeof h);
+    }
+  }
+  void* open_signal(const Handle& handle) override {
+    DeviceScope on(device_);
+    cudaIpcEventHandle_t h;
+    std::memcpy(&h, handle.bytes, sizeof h);
+    cudaEvent_t e = nullptr;
+    check(cudaIpcOpenEventHandle(&e, h), "cudaIpcOpenEventHandle");
+    return e;
+  }
+  void close_signal(void* signal) override {
+    DeviceScope on(device_);
+    cudaEventDestroy(static_cast<cudaEvent_t>(signal));
+  }
+  void signal(int k) override {
+    DeviceScope on(device_);
+    check(cudaEventRecord(own_signals_[k], stream_), "cudaEventRecord (peer signal)");
+  }
+  void wait_signal(void* opened) override {
+    DeviceScope on(device_);
+    check(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(opened), 0), "cudaStreamWaitEvent (peer signal)");
+  }
+
+  // Peer blocks are device pointers of this process (cudaIpcOpenMemHandle), so kernels read them as
+  // their own; cudaMemcpyDefault lets the driver pick the route between devices.
+  void copy(void* dst, const void* src, size_t bytes) override {
+    DeviceScope on(device_);
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync (peer)");
+  }
+  void reduce(void* dst, const void* src, size_t count, kernels::DType dtype, kernels::ReduceOp op) override {
+    DeviceScope on(device_);
+    kernels::reduce_cuda(dst, src, count, dtype, op, stream_);
+  }
+  void scale(void* dst, size_t count, kernels::DType dtype, double factor) override {
+    DeviceScope on(device_);
+    kernels::scale_cuda(dst, count, dtype, factor, stream_);
+  }
+  void synchronize() override { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (peer)"); }
+
+ private:
+  int device_;
+  cudaStream_t stream_;
+  cudaEvent_t own_signals_[kSignals] = {};
+};
 
 // Device work is ordered by the two lanes (streams) and events between them; the host waits only
 // where the staging pipeline hands host chunks to MPI (wait_lane) and where the direct path's
@@ -161,6 +267,7 @@ class CudaMover : public MemoryMover {
     kernels::fusion_unpack_cuda(flat, dsts, counts, num, dtype, scale, t.host, t.device, streams_[0]);
     check(cudaEventRecord(t.used, streams_[0]), "cudaEventRecord");
   }
+  std::unique_ptr<PeerMemory> peer_memory() override { return std::make_unique<CudaPeerMemory>(device_, streams_[0]); }
   // Both lanes wait for the producer on the device; the host goes on.
   void wait_event(DeviceEvent& producer) override {
     for (auto& s : streams_) producer.order_stream(s);

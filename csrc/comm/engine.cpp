@@ -154,7 +154,7 @@ uint64_t options_hash(const EngineOptions& o) {
   std::ostringstream s;
   s << o.ring_chunk_bytes << ',' << o.shm_chunk_bytes << ',' << o.auto_ring_min_bytes << ',' << o.check_consistency << ','
     << o.fusion_threshold_bytes << ',' << o.cycle_time_ms << ',' << o.staging_chunk_bytes << ',' << o.force_staging
-    << ',' << o.force_device_direct << ',' << o.pair_by_name;
+    << ',' << o.force_device_direct << ',' << o.pair_by_name << ',' << o.peer_path << ',' << o.force_peer;
   for (const auto& e : o.auto_table) s << ';' << e.first << ':' << static_cast<int>(e.second);
   return std::hash<std::string>{}(s.str()) & 0x7fffffffffffffffULL;
 }
@@ -414,6 +414,7 @@ size_t Engine::execute(std::vector<Op*>& batch) {
     try {
       await_ready(batch, count);
       const int joined = coordinator_.join_info().joined;
+      exec_->set_joined(joined);
       if (joined > 0) {
         run_with_joined(batch, count, joined);
       } else if (count == 1) {

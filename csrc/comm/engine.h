@@ -137,10 +137,10 @@ class Engine {
   WorkPtr submit_custom(const Signature& sig, std::string description, std::shared_ptr<void> keepalive,
                         std::function<void()> fn, bool blocking);
 
-  // force_staging or force_device_direct: host memory stands in for device memory.
+  // force_staging, force_device_direct or force_peer: host memory stands in for device memory.
   bool device_standin() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return options_.force_staging || options_.force_device_direct;
+    return options_.force_staging || options_.force_device_direct || options_.force_peer;
   }
   // The data side: paths, algorithms and memory (executor.h).
   Executor& executor() { return *exec_; }

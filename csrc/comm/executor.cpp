@@ -14,6 +14,7 @@
 #include "executor.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -21,6 +22,7 @@
 #include "../kernels/reduce.h"
 #include "algorithms.h"
 #include "memory_mover.h"
+#include "peer_allreduce.h"
 #include "shm_window.h"
 #include "host_mover.h"
 #include "staging.h"
@@ -35,6 +37,7 @@ Executor::Executor(const Topology& topo, bool homogeneous, const EngineOptions& 
 }
 
 Executor::~Executor() {
+  peer_.reset();     // collective over the node, like the window
   shm_.reset();      // collective over the node: every rank shuts down
   staging_.reset();  // before the movers that own its memory
   cuda_movers_.clear();
@@ -111,7 +114,7 @@ void Executor::check_direct(const Buffer& buf, const std::string& what) const {
 
 MemoryPath Executor::path_of(Device device) const {
   if (active_.force_device_direct) return MemoryPath::DIRECT;
-  if (active_.force_staging) return MemoryPath::STAGED;
+  if (active_.force_staging || active_.force_peer) return MemoryPath::STAGED;
   if (device == Device::CPU) return MemoryPath::HOST;
   return cuda_aware_ ? MemoryPath::DIRECT : MemoryPath::STAGED;
 }
@@ -122,10 +125,54 @@ void Executor::allreduce(const AllreduceArgs& a) {
       check_direct(a.input, "allreduce of '" + a.name + "'");
       return device_allreduce(a);
     case MemoryPath::STAGED:
+      if (PeerAllreduce* peer = peer_for(a)) {
+        const AverageRule avg = AverageRule::of(a.average, a.output.dtype, topo_.size);
+        const int device = a.input.device == Device::CPU ? -1 : a.input.device_index;
+        peer->run(a.input, a.output, a.op, avg, device, mover_for(a.input), *staging_, active_.staging_chunk_bytes,
+                  active_.ring_chunk_bytes);
+        ++peer_allreduces_;
+        return;
+      }
       return staged_allreduce(a);
     case MemoryPath::HOST:
       return host_allreduce(a);
   }
+}
+
+// Every condition is the same on every rank (the coordination round agreed on the algorithm, the
+// options and the memory's kind; joined_ is the round's), and so is the probe's verdict.
+std::string Executor::peer_shape_refusal() const {
+  if (topo_.size == 1) return "one rank";
+  if (!homogeneous_) return "nodes with different numbers of ranks";
+  if (topo_.local_size < 2) return "one rank per node: no peers inside a node";
+  return std::string();
+}
+
+PeerAllreduce* Executor::peer_for(const AllreduceArgs& a) {
+  if (a.algorithm != Algorithm::AUTO || joined_ > 0 || !peer_shape_refusal().empty()) return nullptr;
+  const bool host = a.input.device == Device::CPU;
+  if (host ? !active_.force_peer : !active_.peer_path) return nullptr;
+  if (!peer_probed_) {
+    MemoryMover& mover = mover_for(a.input);
+    std::string why;
+    peer_ = PeerAllreduce::probe(mover.peer_memory(), host ? -1 : a.input.device_index, topo_,
+                                 mover.cache_limit() / 2, &why);
+    std::lock_guard<std::mutex> lock(peer_mu_);
+    peer_probed_ = true;
+    peer_refusal_ = why;
+    if (!peer_ && topo_.rank == 0)
+      std::fprintf(stderr, "pycomm: device allreduces are staged through host memory: the peer path cannot run (%s); "
+                           "said once\n", why.c_str());
+  }
+  return peer_.get();
+}
+
+std::string Executor::peer_verdict() const {
+  const std::string shape = peer_shape_refusal();
+  if (!shape.empty()) return "staged: " + shape;
+  std::lock_guard<std::mutex> lock(peer_mu_);
+  if (!peer_probed_) return std::string();
+  return peer_ ? std::string("peer: ") + peer_->kind() : "staged: " + peer_refusal_;
 }
 
 // Device memory with a CUDA-aware MPI: device pointers go straight to MPI
@@ -291,6 +338,8 @@ ShmWindow& Executor::shm() {
 void Executor::memory_stats(EngineStats* s) {
   if (shm_) s->shm_allocations = shm_->allocations(), s->shm_segment_bytes = shm_->capacity();
   s->fusion_buffer_bytes = fusion_buffer_.size();
+  if (peer_) s->peer_block_bytes = peer_->block_bytes(), s->peer_allocations = peer_->allocations();
+  s->peer_allreduces = peer_allreduces_;
   s->staging_bytes = 2 * staging_->bytes;
   s->device_cache_bytes = s->device_cache_allocations = 0;
   s->device_fusion_bytes = s->device_fusion_allocations = 0;

@@ -28,6 +28,7 @@ namespace comm {
 
 class ShmWindow;
 class MemoryMover;
+class PeerAllreduce;
 struct StagingBuffers;
 struct CompressedArgs;
 
@@ -35,8 +36,11 @@ struct CompressedArgs;
 //   HOST    host memory, handed to MPI as it is;
 //   DIRECT  device pointers handed to a CUDA-aware MPI, reductions on the device;
 //   STAGED  device memory moved through host memory (pinned chunks or one copy each way).
-// force_device_direct and force_staging put host memory on DIRECT or STAGED, standing in
-// for device memory, so CPU CI runs the device paths' control flow (the former wins).
+//           An allreduce under "auto" on this path goes by peer reads inside the node instead
+//           (the peer path, peer_allreduce.h) where every local rank can map the others' memory.
+// force_device_direct, force_peer and force_staging put host memory on DIRECT or STAGED
+// (force_peer: the peer path), standing in for device memory, so CPU CI runs the device
+// paths' control flow (force_device_direct wins).
 enum class MemoryPath { HOST, DIRECT, STAGED };
 
 class Executor {
@@ -53,6 +57,13 @@ class Executor {
   Algorithm resolve(Algorithm requested, size_t bytes, const EngineOptions& o) const;
   // The path of memory on `device` under the running options (MemoryPath above).
   MemoryPath path_of(Device device) const;
+
+  // The ranks that have joined (pycomm.join), which the Engine sets before each operation: the peer
+  // path runs only while none has, since a joined rank answers with host memory.
+  void set_joined(int joined) { joined_ = joined; }
+  // The peer path's verdict: "" not probed yet (the first allreduce that could take it probes),
+  // "peer: <memory kind>", or "staged: <why not>". Any thread.
+  std::string peer_verdict() const;
 
   // ---- operations, on the engine thread, after the coordination round
   // One allreduce: the path by memory, then the algorithm.
@@ -91,6 +102,10 @@ class Executor {
   // What an algorithm may use for one call (device: the buffer's mover, or null).
   AllreduceRun allreduce_run(MemoryMover* device);
   void device_allreduce(const AllreduceArgs& args);
+  // Why this job's shape has no peer path ("" when it may have one).
+  std::string peer_shape_refusal() const;
+  // The peer path for `args` (probed on first use, agreed by every rank), or null: staged.
+  PeerAllreduce* peer_for(const AllreduceArgs& args);
   void staged_allreduce(const AllreduceArgs& args);
   void host_allreduce(const AllreduceArgs& args);
   void staged_broadcast(const Buffer& buf, int root);
@@ -112,6 +127,12 @@ class Executor {
   std::vector<std::unique_ptr<MemoryMover>> cuda_movers_;  // by device index
   std::mutex movers_mu_;  // creation of movers: the engine thread and submitters (device_lanes)
   std::unique_ptr<StagingBuffers> staging_;
+  std::unique_ptr<PeerAllreduce> peer_;  // after the movers: destroyed first
+  bool peer_probed_ = false;
+  std::string peer_refusal_;
+  mutable std::mutex peer_mu_;  // peer_probed_ and peer_refusal_, read by stats from any thread
+  uint64_t peer_allreduces_ = 0;
+  int joined_ = 0;
 };
 
 }  // namespace comm

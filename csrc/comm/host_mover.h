@@ -38,6 +38,7 @@ class HostMover : public MemoryMover {
   void pack(const void* const* srcs, const size_t* counts, size_t num, void* flat, kernels::DType dtype) override;
   void unpack(const void* flat, void* const* dsts, const size_t* counts, size_t num, kernels::DType dtype,
               double scale) override;
+  std::unique_ptr<PeerMemory> peer_memory() override { return make_host_peer_memory(); }
   // The lanes' copies are waited for before the engine finishes an operation, so an event needs no ordering here.
   void wait_event(DeviceEvent& producer) override { producer.order_stream(nullptr); }
   EventPtr record_done() override { return record_host_event(); }

@@ -12,6 +12,7 @@
 
 #include "../kernels/dtype.h"
 #include "device_event.h"
+#include "peer_memory.h"
 
 namespace pycomm {
 namespace comm {
@@ -52,6 +53,10 @@ class MemoryMover {
   virtual void pack(const void* const* srcs, const size_t* counts, size_t num, void* flat, kernels::DType dtype) = 0;
   virtual void unpack(const void* flat, void* const* dsts, const size_t* counts, size_t num, kernels::DType dtype,
                       double scale) = 0;
+
+  // Memory of this kind that the node's other processes can map, with its work on lane 0 (the peer
+  // path, peer_memory.h): CUDA IPC on a GPU, POSIX shared memory on the host stand-in.
+  virtual std::unique_ptr<PeerMemory> peer_memory() = 0;
 
   // Stream order (device_event.h): make every lane wait for `producer` (no host block), and record
   // an event after everything issued on the lanes so far.

@@ -26,6 +26,10 @@ struct EngineOptions {
   size_t staging_chunk_bytes = size_t(4) << 20;  // device data travels through host chunks of this size
   bool force_staging = false;  // send host buffers through the staging pipeline too (tests its logic on CPU)
   bool force_device_direct = false;  // treat host buffers as device memory under a CUDA-aware MPI (same purpose)
+  // CUDA tensors inside a node, under an MPI that cannot read device memory: allreduce by peer reads
+  // through CUDA IPC (peer_allreduce.h) where every local rank can map the others' memory. Off: staged.
+  bool peer_path = true;
+  bool force_peer = false;  // host buffers stand in for device memory on the peer path (tests its logic on CPU)
   // Named operations pair across ranks by name, in any order (Horovod's rule; pycomm.horovod turns it
   // on): one that some rank has not submitted waits aside without holding up the operations behind
   // it (coordinator.h). Off: every operation pairs by submission order.
@@ -98,6 +102,11 @@ struct EngineStats {
   // blocks they have allocated for them (MemoryMover::fusion_memory).
   uint64_t device_fusion_bytes = 0;
   uint64_t device_fusion_allocations = 0;
+  // The peer path's blocks (two halves of this rank's, peer_allreduce.h), their collective
+  // (re)allocations, and the allreduces that took it.
+  uint64_t peer_block_bytes = 0;
+  uint64_t peer_allocations = 0;
+  uint64_t peer_allreduces = 0;
   uint64_t ready_waits = 0;  // operations whose producer event the engine waited on
   uint64_t done_events = 0;  // completion events the engine recorded after its device work
 };

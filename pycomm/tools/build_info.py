@@ -60,7 +60,11 @@ def report(np: int, host_ranks: Optional[Sequence[int]], launcher: str, flavour:
     library = {1: "CUDA-aware", 0: "built without CUDA", -1: "cannot tell"}[_C.mpi_library_cuda_support()]
     path = device_path()
     row("device path", {"staged": "staged: CUDA tensors through pinned host memory (the MPI cannot read "
-                                  "device memory)",
+                                  "device memory; peer_path is off)",
+                        "peer or staged": "peer or staged: the MPI cannot read device memory; allreduces inside a "
+                                          "node go by peer reads through CUDA IPC where every local rank can map "
+                                          "the others' memory (probed at the first CUDA allreduce, then said in "
+                                          "pycomm.stats()['device_path']), else staged through pinned host memory",
                         "direct": "direct: CUDA tensors to MPI as they are (CUDA-aware MPI)"}.get(path, path) +
         f"; the MPI library says of itself: {library}")
     row("CPU ISA", f"{kernels.cpu_isa()} (PYCOMM_CPU_ISA overrides); OpenMP threads {kernels.cpu_threads()}")

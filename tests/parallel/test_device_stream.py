@@ -1,12 +1,13 @@
 """Device tensors through the engine: stream order, device fusion, the DDP hooks.
 
 Each test runs on every device path this machine has:
-- "staging" and "direct": host tensors standing in for device memory (force_staging: pinned-host
-  staging; force_device_direct: a CUDA-aware MPI). They run the device control flow -- the
+- "staging", "direct" and "peer": host tensors standing in for device memory (force_staging:
+  pinned-host staging; force_device_direct: a CUDA-aware MPI; force_peer: allreduces by peer reads
+  inside the node, with shared-memory objects for CUDA IPC handles). They run the device control flow -- the
   ready/done events (host stand-in events, same pool and counters), the device fusion buffer
   with the CPU pack/unpack kernels, the movers' caches -- on CPU machines.
 - "cuda": real CUDA tensors on torch.cuda.current_device() (local rank modulo the GPUs), through
-  whichever path the MPI gives (staged or CUDA-aware), wherever torch sees a GPU.
+  whichever path the MPI gives (peer or staged, or CUDA-aware), wherever torch sees a GPU.
 Results are compared with the host path on the same inputs and with float64 references.
 """
 import time
@@ -20,7 +21,7 @@ import pycomm
 from gloo_world import start_gloo
 from refdata import assert_close, rank_data
 
-MODES = ["staging", "direct"] + (["cuda"] if torch.cuda.is_available() else [])
+MODES = ["staging", "direct", "peer"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _device(mode):
@@ -37,17 +38,17 @@ def mode(request):
     old = pycomm.get_options()
     m = request.param
     # One staging chunk per fused buffer here, so the staged reduction is the host one element by element.
-    pycomm.set_options(force_staging=m == "staging", force_device_direct=m == "direct",
+    pycomm.set_options(force_staging=m == "staging", force_device_direct=m == "direct", force_peer=m == "peer",
                        staging_chunk_bytes=1 << 22, ring_chunk_bytes=4096)
     yield m
-    pycomm.set_options(**{k: old[k] for k in ("force_staging", "force_device_direct", "staging_chunk_bytes",
+    pycomm.set_options(**{k: old[k] for k in ("force_staging", "force_device_direct", "force_peer", "staging_chunk_bytes",
                                               "ring_chunk_bytes", "fusion_threshold_bytes", "cycle_time_ms")})
     if m == "cuda":
         torch.cuda.synchronize()
 
 
 def _host_options():
-    return dict(force_staging=False, force_device_direct=False)
+    return dict(force_staging=False, force_device_direct=False, force_peer=False)
 
 
 def _all_submitted():
@@ -270,7 +271,7 @@ def test_ddp_hook_on_device_buckets(mode, gloo):
 # ---------------------------------------------------------------- compressed and c10d submits
 
 def _mode_options(mode):
-    return dict(force_staging=mode == "staging", force_device_direct=mode == "direct")
+    return dict(force_staging=mode == "staging", force_device_direct=mode == "direct", force_peer=mode == "peer")
 
 
 def _same_as_host(got, want, compression, mode, what):

@@ -55,7 +55,8 @@ def test_stats_and_check_build_say_which_device_path():
     from pycomm.runtime import device_path
 
     pycomm.init()
-    expected = "staged" if not _C.mpi_cuda_aware() else device_path()
+    # One process has no peers inside its node: the peer path is refused for the job's shape.
+    expected = "staged: one rank" if not _C.mpi_cuda_aware() else device_path()
     assert pycomm.stats()["device_path"] == expected
     env = {k: v for k, v in os.environ.items() if k != "PYCOMM_CUDA_AWARE"}
 
@@ -66,6 +67,9 @@ def test_stats_and_check_build_say_which_device_path():
         return [ln for ln in out.stdout.splitlines() if ln.startswith("device path")]
 
     line = check_build(PYCOMM_CUDA_AWARE="0")
+    assert len(line) == 1 and line[0].split(None, 2)[2].startswith("peer or staged: "), line
+    assert "probed at the first CUDA allreduce" in line[0], line
+    line = check_build(PYCOMM_CUDA_AWARE="0", PYCOMM_PEER_PATH="0")
     assert len(line) == 1 and "staged: CUDA tensors through pinned host memory" in line[0], line
     if _C.mpi_library_cuda_support() == 0:  # the pip wheels: the override is refused, and said so
         line = check_build(PYCOMM_CUDA_AWARE="1")
