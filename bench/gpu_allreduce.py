@@ -11,6 +11,8 @@ For each size S (float32) it times, in the same run and on the same tensors:
   pycomm-<c>  pycomm.allreduce(x, compression=c), c in none, fp16, onebit; busbw = S/t * 2(N-1)/N
               (nccl-tests' definition, counting the uncompressed bytes: the compressed rows are
               "effective" bandwidth); the device path in use is printed in the header
+  pycomm-staged  compression none with the peer path off (peer_path=False): the staged path beside
+              the peer path in the same run, where the MPI is not CUDA-aware
   nccl        torch.distributed all_reduce over NCCL, where every rank of a node has a GPU of its own
   gloo        otherwise torch.distributed over gloo on the same device tensors (NCCL refuses two
               ranks on one GPU); the header says which baseline ran and why
@@ -102,7 +104,8 @@ def main() -> int:
     p.add_argument("--max-bytes", default="256M", type=parse_size)
     p.add_argument("--factor", type=int, default=4)
     p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--compressions", default="none,fp16,onebit")
+    p.add_argument("--compressions", default="none,staged,fp16,onebit",
+                   help="columns: compressions, and 'staged' (none, with the peer path off)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                    help="cpu: a dry run on CPU tensors (with PYCOMM_FORCE_STAGING or PYCOMM_FORCE_DEVICE_DIRECT "
                         "they take the device paths' code)")
@@ -135,10 +138,11 @@ def main() -> int:
             backend = "gloo"
             why = (f"{local_size} ranks share {gpus} GPU(s), which NCCL refuses" if dist.is_nccl_available()
                    else "this torch has no NCCL")
-        path = "CUDA-aware MPI" if pycomm._C.mpi_cuda_aware() else "staged through pinned host memory"
+        path = "CUDA-aware MPI" if pycomm._C.mpi_cuda_aware() else None  # said after the first allreduce
     else:
         dev, sync, backend, why = torch.device("cpu"), (lambda: None), "gloo", "CPU dry run"
         path = ("device-direct stand-in" if os.environ.get("PYCOMM_FORCE_DEVICE_DIRECT") == "1" else
+                "peer stand-in" if os.environ.get("PYCOMM_FORCE_PEER") == "1" else
                 "staged stand-in" if os.environ.get("PYCOMM_FORCE_STAGING") == "1" else "host path")
     from pycomm.tools.benchmark import init_torch_process_group
 
@@ -158,16 +162,23 @@ def main() -> int:
         row["copy_GBps"] = s / slowest_median(lambda: y.copy_(x), comm, a.iters, sync) / 1e9
         checks = []
         for c in compressions:
+            staged = c == "staged"
+            compression = "none" if staged else c
             try:
-                problem = check_once(x, c, s, comm, a.check_max_bytes, sync)
+                if staged:
+                    pycomm.set_options(peer_path=False)
+                problem = check_once(x, compression, s, comm, a.check_max_bytes, sync)
                 if problem:
                     checks.append(f"{c}: {problem}")
-                t = slowest_median(lambda: pycomm.allreduce(x, op="avg", compression=c, name=f"bench.{c}.{s}"), comm,
-                                   a.iters, sync)
+                t = slowest_median(lambda: pycomm.allreduce(x, op="avg", compression=compression,
+                                                            name=f"bench.{c}.{s}"), comm, a.iters, sync)
                 row[c] = s / t / 1e9 * 2 * (N - 1) / N if N > 1 else s / t / 1e9
             except Exception as e:  # a combination the device path refuses: report it, per row
                 row[c] = f"{type(e).__name__}: {str(e).splitlines()[0][:60]}"
                 failed = True
+            finally:
+                if staged:
+                    pycomm.set_options(peer_path=True)
             comm.Barrier()
             x.copy_(x0)  # the next compression starts from the row's input
         row["check"] = "; ".join(checks) if checks else "ok"
@@ -176,6 +187,9 @@ def main() -> int:
         row[backend] = s / t / 1e9 * 2 * (N - 1) / N if N > 1 else s / t / 1e9
         rows.append(row)
         s *= a.factor
+    if path is None:
+        path = {"peer": "peer reads inside the node (CUDA IPC), else staged"}.get(pycomm.stats()["device_path"],
+                                                                                   pycomm.stats()["device_path"])
     if rank == 0:
         print(f"# allreduce of {a.device} float32 tensors, {N} ranks; pycomm path: {path}; baseline: {backend} "
               f"({why}); busbw GB/s (nccl-tests), median of {a.iters}, slowest rank")

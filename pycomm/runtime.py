@@ -424,7 +424,8 @@ OPTIONS = {
                   "where every local rank can map the others' memory (probed at the first CUDA allreduce); off: "
                   "staged through host memory"),
     "force_peer": ("PYCOMM_FORCE_PEER", bool, False,
-                   "treat host tensors as device memory on the peer path (exercises it without a GPU)"),
+                   "treat host tensors as device memory on the peer path (exercises it without a GPU; "
+                   "peer_path must be on)"),
     "pair_by_name": ("PYCOMM_PAIR_BY_NAME", bool, False,
                      "named operations pair across ranks by name, in any order, as Horovod's do (pycomm.horovod "
                      "turns it on): one that some rank has not submitted yet waits aside without holding up the "

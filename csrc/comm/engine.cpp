@@ -412,9 +412,9 @@ size_t Engine::execute(std::vector<Op*>& batch) {
   if (tl) tl->decided(count);
   if (!error) {
     try {
-      await_ready(batch, count);
       const int joined = coordinator_.join_info().joined;
       exec_->set_joined(joined);
+      await_ready(batch, count);
       if (joined > 0) {
         run_with_joined(batch, count, joined);
       } else if (count == 1) {
@@ -676,7 +676,10 @@ void Engine::await_ready(const std::vector<Op*>& batch, size_t count) {
   // ordering the lanes after the producer is enough. Everything else may hand
   // the pointers to MPI or to host copies at once: the engine thread (never
   // the submitter's) also waits for the producer.
-  const bool stream_only = count > 1 && batch.front()->fusable && coordinator_.join_info().joined == 0;
+  // So is one allreduce on the peer path, whose memory only the device reads.
+  const bool unjoined_allreduce = batch.front()->fusable && coordinator_.join_info().joined == 0;
+  const bool stream_only =
+      unjoined_allreduce && (count > 1 || exec_->on_peer_path(batch.front()->allreduce));
   uint64_t waited = 0;
   for (size_t i = 0; i < count; ++i) {
     const EventPtr& ev = batch[i]->work->ready;

@@ -148,10 +148,17 @@ std::string Executor::peer_shape_refusal() const {
   return std::string();
 }
 
+bool Executor::peer_applies(const AllreduceArgs& a) const {
+  if (a.algorithm != Algorithm::AUTO || joined_ > 0 || !peer_shape_refusal().empty()) return false;
+  if (path_of(a.input.device) != MemoryPath::STAGED) return false;
+  return active_.peer_path && (a.input.device != Device::CPU || active_.force_peer);
+}
+
+bool Executor::on_peer_path(const AllreduceArgs& a) const { return peer_ && peer_applies(a); }
+
 PeerAllreduce* Executor::peer_for(const AllreduceArgs& a) {
-  if (a.algorithm != Algorithm::AUTO || joined_ > 0 || !peer_shape_refusal().empty()) return nullptr;
+  if (!peer_applies(a)) return nullptr;
   const bool host = a.input.device == Device::CPU;
-  if (host ? !active_.force_peer : !active_.peer_path) return nullptr;
   if (!peer_probed_) {
     MemoryMover& mover = mover_for(a.input);
     std::string why;

@@ -65,6 +65,10 @@ class Executor {
   // "peer: <memory kind>", or "staged: <why not>". Any thread.
   std::string peer_verdict() const;
 
+  // Whether `args` runs on the peer path, already probed: its memory is read only on the device, so
+  // its producer's event needs no host wait. Engine thread.
+  bool on_peer_path(const AllreduceArgs& args) const;
+
   // ---- operations, on the engine thread, after the coordination round
   // One allreduce: the path by memory, then the algorithm.
   void allreduce(const AllreduceArgs& args);
@@ -104,6 +108,8 @@ class Executor {
   void device_allreduce(const AllreduceArgs& args);
   // Why this job's shape has no peer path ("" when it may have one).
   std::string peer_shape_refusal() const;
+  // Whether the peer path may take `args` (before the probe's verdict).
+  bool peer_applies(const AllreduceArgs& args) const;
   // The peer path for `args` (probed on first use, agreed by every rank), or null: staged.
   PeerAllreduce* peer_for(const AllreduceArgs& args);
   void staged_allreduce(const AllreduceArgs& args);
