@@ -423,6 +423,9 @@ OPTIONS = {
                   "CUDA tensors inside a node without a CUDA-aware MPI: allreduce by peer reads through CUDA IPC "
                   "where every local rank can map the others' memory (probed at the first CUDA allreduce); off: "
                   "staged through host memory"),
+    "peer_chunk_bytes": ("PYCOMM_PEER_CHUNK_BYTES", int, 64 << 20,
+                         "the peer path reduces at most this much per pass; each rank keeps a device block of "
+                         "twice this (for the largest allreduce so far, up to it) that its node's peers map"),
     "force_peer": ("PYCOMM_FORCE_PEER", bool, False,
                    "treat host tensors as device memory on the peer path (exercises it without a GPU; "
                    "peer_path must be on)"),
@@ -502,7 +505,8 @@ def stats() -> dict:
     window; it grows geometrically), shm_segment_bytes, fusion_buffer_bytes, staging_bytes; the device
     movers' cached working memory and fusion buffer (device_cache_bytes / _allocations,
     device_fusion_bytes / _allocations) and the compressed allreduce's working memory
-    (compressed_cache_bytes / _allocations, host tensors' included); and stream order: ready_waits (operations whose producer
+    (compressed_cache_bytes / _allocations, host tensors' included); the peer path's blocks and calls
+    (peer_block_bytes, peer_allocations, peer_allreduces); and stream order: ready_waits (operations whose producer
     event the engine waited on), done_events, and the event pools' events_created, events_recorded,
     event_stream_waits, event_host_waits; and device_path, how CUDA tensors travel (device_path())."""
     topology()

@@ -67,6 +67,7 @@ comm::EngineOptions options_from(const py::dict& d, comm::EngineOptions o) {
   if (d.contains("force_device_direct")) o.force_device_direct = d["force_device_direct"].cast<bool>();
   if (d.contains("peer_path")) o.peer_path = d["peer_path"].cast<bool>();
   if (d.contains("force_peer")) o.force_peer = d["force_peer"].cast<bool>();
+  if (d.contains("peer_chunk_bytes")) o.peer_chunk_bytes = d["peer_chunk_bytes"].cast<size_t>();
   if (d.contains("pair_by_name")) o.pair_by_name = d["pair_by_name"].cast<bool>();
   if (d.contains("auto_table")) {
     o.auto_table.clear();
@@ -95,6 +96,7 @@ py::dict options_to(const comm::EngineOptions& o) {
   d["force_device_direct"] = o.force_device_direct;
   d["peer_path"] = o.peer_path;
   d["force_peer"] = o.force_peer;
+  d["peer_chunk_bytes"] = o.peer_chunk_bytes;
   d["pair_by_name"] = o.pair_by_name;
   py::list table;
   for (const auto& e : o.auto_table) table.append(py::make_tuple(e.first, comm::algorithm_name(e.second)));

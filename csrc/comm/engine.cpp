@@ -154,7 +154,7 @@ uint64_t options_hash(const EngineOptions& o) {
   std::ostringstream s;
   s << o.ring_chunk_bytes << ',' << o.shm_chunk_bytes << ',' << o.auto_ring_min_bytes << ',' << o.check_consistency << ','
     << o.fusion_threshold_bytes << ',' << o.cycle_time_ms << ',' << o.staging_chunk_bytes << ',' << o.force_staging
-    << ',' << o.force_device_direct << ',' << o.pair_by_name << ',' << o.peer_path << ',' << o.force_peer;
+    << ',' << o.force_device_direct << ',' << o.pair_by_name << ',' << o.peer_path << ',' << o.force_peer << ',' << o.peer_chunk_bytes;
   for (const auto& e : o.auto_table) s << ';' << e.first << ':' << static_cast<int>(e.second);
   return std::hash<std::string>{}(s.str()) & 0x7fffffffffffffffULL;
 }

@@ -128,8 +128,8 @@ void Executor::allreduce(const AllreduceArgs& a) {
       if (PeerAllreduce* peer = peer_for(a)) {
         const AverageRule avg = AverageRule::of(a.average, a.output.dtype, topo_.size);
         const int device = a.input.device == Device::CPU ? -1 : a.input.device_index;
-        peer->run(a.input, a.output, a.op, avg, device, mover_for(a.input), *staging_, active_.staging_chunk_bytes,
-                  active_.ring_chunk_bytes);
+        peer->run(a.input, a.output, a.op, avg, device, active_.peer_chunk_bytes, mover_for(a.input), *staging_,
+                  active_.staging_chunk_bytes, active_.ring_chunk_bytes);
         ++peer_allreduces_;
         return;
       }
@@ -162,8 +162,7 @@ PeerAllreduce* Executor::peer_for(const AllreduceArgs& a) {
   if (!peer_probed_) {
     MemoryMover& mover = mover_for(a.input);
     std::string why;
-    peer_ = PeerAllreduce::probe(mover.peer_memory(), host ? -1 : a.input.device_index, topo_,
-                                 mover.cache_limit() / 2, &why);
+    peer_ = PeerAllreduce::probe(mover.peer_memory(), host ? -1 : a.input.device_index, topo_, &why);
     std::lock_guard<std::mutex> lock(peer_mu_);
     peer_probed_ = true;
     peer_refusal_ = why;

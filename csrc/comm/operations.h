@@ -29,6 +29,7 @@ struct EngineOptions {
   // CUDA tensors inside a node, under an MPI that cannot read device memory: allreduce by peer reads
   // through CUDA IPC (peer_allreduce.h) where every local rank can map the others' memory. Off: staged.
   bool peer_path = true;
+  size_t peer_chunk_bytes = size_t(64) << 20;  // the peer path's passes; each rank's block holds two
   bool force_peer = false;  // host buffers stand in for device memory on the peer path (tests its logic on CPU)
   // Named operations pair across ranks by name, in any order (Horovod's rule; pycomm.horovod turns it
   // on): one that some rank has not submitted waits aside without holding up the operations behind

@@ -44,18 +44,15 @@ size_t aligned(size_t bytes) { return (bytes + 63) & ~size_t(63); }
 
 }  // namespace
 
-PeerAllreduce::PeerAllreduce(std::unique_ptr<PeerMemory> memory, int device, const Topology& topo, size_t half_limit)
-    : memory_(std::move(memory)), device_(device), topo_(topo), half_limit_(half_limit) {
+PeerAllreduce::PeerAllreduce(std::unique_ptr<PeerMemory> memory, int device, const Topology& topo)
+    : memory_(std::move(memory)), device_(device), topo_(topo) {
   blocks_.assign(static_cast<size_t>(topo.local_size), nullptr);
   signals_.assign(static_cast<size_t>(topo.local_size) * PeerMemory::kSignals, nullptr);
 }
 
 std::unique_ptr<PeerAllreduce> PeerAllreduce::probe(std::unique_ptr<PeerMemory> memory, int device,
-                                                    const Topology& topo, size_t half_limit, std::string* why) {
-  // The smallest rank's limit, so that every rank cuts a call into the same passes.
-  unsigned long long limit = std::max<size_t>(aligned(half_limit), 64 << 10), agreed = 0;
-  PYCOMM_MPI_CHECK(MPI_Allreduce(&limit, &agreed, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, topo.world));
-  std::unique_ptr<PeerAllreduce> peer(new PeerAllreduce(std::move(memory), device, topo, agreed));
+                                                    const Topology& topo, std::string* why) {
+  std::unique_ptr<PeerAllreduce> peer(new PeerAllreduce(std::move(memory), device, topo));
   std::string failure;
   try {
     peer->exchange_blocks(64 << 10, true);
@@ -155,7 +152,7 @@ void PeerAllreduce::exchange_blocks(size_t half, bool with_signals) {
 }
 
 void PeerAllreduce::run(const Buffer& in, const Buffer& out, ReduceOp op, const AverageRule& avg, int device,
-                        MemoryMover& mover, StagingBuffers& staging, size_t staging_chunk_bytes,
+                        size_t pass_bytes, MemoryMover& mover, StagingBuffers& staging, size_t staging_chunk_bytes,
                         size_t ring_chunk_bytes) {
   // Every rank must be on the memory it was probed on: agree before anything is written.
   int here = device == device_ ? 1 : 0, everywhere = 0;
@@ -168,10 +165,11 @@ void PeerAllreduce::run(const Buffer& in, const Buffer& out, ReduceOp op, const 
   }
   if (out.count == 0) return;
   const size_t esize = kernels::dtype_size(out.dtype);
-  // Passes of at most half_limit_ bytes; the block grows (collectively, the same on every rank) to fit.
-  const size_t pass_elems = std::max<size_t>(1, half_limit_ / esize);
+  // The block grows (collectively, the same on every rank) to the largest pass so far, geometrically
+  // up to the pass size.
+  const size_t pass_elems = std::max<size_t>(1, pass_bytes / esize);
   const size_t want = aligned(std::min(out.count, pass_elems) * esize);
-  if (want > half_) exchange_blocks(std::min(std::max(want, 2 * half_), half_limit_), false);
+  if (want > half_) exchange_blocks(std::max(want, std::min(2 * half_, aligned(pass_elems * esize))), false);
   timeline::Phase phase(timeline::on() ? "PEER_ALLREDUCE" : nullptr);
   for (size_t off = 0; off < out.count; off += pass_elems) {
     pass(in, out, off, std::min(pass_elems, out.count - off), next_half_, op, avg, mover, staging, staging_chunk_bytes,

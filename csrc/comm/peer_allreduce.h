@@ -26,9 +26,9 @@ class PeerAllreduce {
   // Collective over `topo.world`: every local rank exports a block and its signals and opens every
   // peer's, and all ranks agree whether all of that worked. Returns null when it did not anywhere,
   // with the first failing rank's reason in *why. `device` is the memory's CUDA device (-1: the
-  // host stand-in); `half_limit` caps each of the block's two halves (agreed: the smallest rank's).
+  // host stand-in).
   static std::unique_ptr<PeerAllreduce> probe(std::unique_ptr<PeerMemory> memory, int device, const Topology& topo,
-                                              size_t half_limit, std::string* why);
+                                              std::string* why);
   ~PeerAllreduce();  // collective over the node unless a rank has failed (fault.h)
   PeerAllreduce(const PeerAllreduce&) = delete;
   PeerAllreduce& operator=(const PeerAllreduce&) = delete;
@@ -40,12 +40,13 @@ class PeerAllreduce {
 
   // out = reduce(in) over every rank, in place when out == in. `device` is the buffer's memory (-1:
   // host): every rank must run on the device it was probed on, else every rank raises CommError.
-  // Across nodes the node's shards go through `staging` over `topo.cross`, by the ring.
-  void run(const Buffer& in, const Buffer& out, ReduceOp op, const AverageRule& avg, int device, MemoryMover& mover,
-           StagingBuffers& staging, size_t staging_chunk_bytes, size_t ring_chunk_bytes);
+  // Passes of at most `pass_bytes` (the same on every rank: an agreed option); the block's halves
+  // grow to fit them. Across nodes the node's shards go through `staging` over `topo.cross`, by the ring.
+  void run(const Buffer& in, const Buffer& out, ReduceOp op, const AverageRule& avg, int device, size_t pass_bytes,
+           MemoryMover& mover, StagingBuffers& staging, size_t staging_chunk_bytes, size_t ring_chunk_bytes);
 
  private:
-  PeerAllreduce(std::unique_ptr<PeerMemory> memory, int device, const Topology& topo, size_t half_limit);
+  PeerAllreduce(std::unique_ptr<PeerMemory> memory, int device, const Topology& topo);
   // Collective over the node: this rank's block of two halves of `half` bytes, the old one released,
   // exported, and the peers' opened (with their signals, the first time). CommError on every local
   // rank where any of it failed.
@@ -60,7 +61,6 @@ class PeerAllreduce {
   std::unique_ptr<PeerMemory> memory_;
   const int device_;
   const Topology& topo_;
-  const size_t half_limit_;
   size_t half_ = 0;
   std::vector<char*> blocks_;  // by local rank: this rank's own, and the peers' as mapped here
   std::vector<void*> signals_;  // by local rank * kSignals + k: the peers' as opened here (own: null)

@@ -7,31 +7,28 @@ through alternating halves, the cross-node shards (tests/test_parallel.py runs t
 nodes too), fused batches, the average's scaling. The CUDA cases run real CUDA tensors where a GPU is
 visible (two ranks may share one device).
 
-The blocks' halves are capped by the movers' cache limit, so this module sets PYCOMM_DEVICE_CACHE_MB=1
-before the engine makes its movers: halves of 512 KiB, and calls above that run in several passes.
+The stand-in's passes are 512 KiB here (peer_chunk_bytes), so calls above that run in several passes.
 """
 import os
 
-os.environ["PYCOMM_DEVICE_CACHE_MB"] = "1"
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pycomm
+from cuda_cases import needs_cuda, rank_device
+from refdata import assert_close, rank_data
 
-import pycomm  # noqa: E402
-from cuda_cases import needs_cuda, rank_device  # noqa: E402
-from refdata import assert_close, rank_data  # noqa: E402
-
-HALF_LIMIT = 1 << 19  # bytes: half of PYCOMM_DEVICE_CACHE_MB
+HALF_LIMIT = 1 << 19  # bytes: peer_chunk_bytes in these tests, the most a block's half grows to
 
 
 @pytest.fixture
 def peer():
     """Host tensors on the peer path (collective: every rank sets the same options in order)."""
     old = pycomm.get_options()
-    pycomm.set_options(force_peer=True)
+    pycomm.set_options(force_peer=True, peer_chunk_bytes=HALF_LIMIT)
     yield
-    pycomm.set_options(force_peer=old["force_peer"], cycle_time_ms=old["cycle_time_ms"],
-                       fusion_threshold_bytes=old["fusion_threshold_bytes"])
+    pycomm.set_options(**{k: old[k] for k in ("force_peer", "peer_chunk_bytes", "cycle_time_ms",
+                                              "fusion_threshold_bytes")})
 
 
 def _delta(before, key):
