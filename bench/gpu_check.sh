@@ -18,7 +18,8 @@
 #   unit       the CUDA cases (-k cuda) of every tests/unit file that has any, device against CPU/numpy
 #   parallel   the CUDA cases (-k cuda) of every tests/parallel file that has any, 2 ranks on the GPU
 #   kernels    bench/kernels.py on the GPU (GB/s against a device copy in the same run)
-#   allreduce  bench/gpu_allreduce.py, 2 ranks: none/fp16/onebit of CUDA tensors, values checked
+#   allreduce  bench/gpu_allreduce.py, 2 ranks: none (peer path, and staged beside it)/fp16/onebit of CUDA
+#              tensors, values checked
 # Files in $OUT (or build/gpu_check): build.log, tests.txt, kernels.txt, allreduce.txt, results.json
 # and summary.txt (the table printed last): six at most.
 set -uo pipefail
