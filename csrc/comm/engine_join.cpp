@@ -106,6 +106,7 @@ size_t Engine::execute_join(std::vector<Op*>& batch) {
         break;
       }
       phase.next("ANSWER");
+      exec_->set_joined(std::max(info.joined, 1));  // this rank has: the others take no peer path either
       answer_joined(info.ops);
       answered += info.ops.size();
     }

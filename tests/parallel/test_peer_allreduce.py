@@ -119,6 +119,27 @@ def test_a_named_algorithm_is_staged(peer):
     assert _delta(before, "peer_allreduces") == 0
 
 
+def test_a_joined_rank_turns_the_peer_path_off_until_all_contribute(peer):
+    """A joined rank answers with host memory (pycomm.join), so while one has joined the others' device
+    allreduces are staged; afterwards the peer path takes them again."""
+    rank, size = pycomm.rank(), pycomm.size()
+    if size < 2:
+        pytest.skip("needs a second rank to join")
+    x = torch.full((1001,), float(rank + 1))
+    pycomm.allreduce(x.clone())  # probed by now
+    before = pycomm.stats()
+    if rank == 0:
+        assert pycomm.join() == size - 1
+    else:
+        out = pycomm.allreduce(x.clone(), op="avg", name="joined.avg")
+        assert torch.equal(out, torch.full((1001,), sum(range(2, size + 1)) / (size - 1)))  # exact: small integers
+        assert _delta(before, "peer_allreduces") == 0
+        assert pycomm.join() == size - 1
+    y = pycomm.allreduce(x.clone(), name="all.again")
+    assert torch.equal(y, torch.full((1001,), float(size * (size + 1) // 2)))
+    assert _delta(before, "peer_allreduces") == (1 if _takes_peer_path() else 0)
+
+
 def test_the_verdict_names_the_path(peer):
     rank, size = pycomm.rank(), pycomm.size()
     pycomm.allreduce(torch.ones(8))
