@@ -31,9 +31,14 @@ def test_under_mpirun(path, np):
         pytest.fail(f"{path} failed at {np} ranks (exit {rc}):\n{out[-12000:]}", pytrace=False)
 
 
+SHAPES = [(4, 2), (4, 1), (3, 2), (2, 1)]
+
+
 @pytest.mark.mpi
-@pytest.mark.parametrize("np,ranks_per_node", [(4, 2), (4, 1), (3, 2), (2, 1)])
-@pytest.mark.parametrize("file", ["test_hierarchical.py", "test_device_compression.py", "test_peer_allreduce.py"])
+@pytest.mark.parametrize("np,ranks_per_node,file", [
+    (np_, per, f) for f in ("test_hierarchical.py", "test_device_compression.py") for np_, per in SHAPES] + [
+    # The peer path across nodes (2x2) and refused on nodes of unequal sizes (2+1).
+    (4, 2, "test_peer_allreduce.py"), (3, 2, "test_peer_allreduce.py")])
 def test_virtual_nodes(file, np, ranks_per_node):
     """Multi-node code paths on one machine: 4 ranks as 2x2 and 4x1, 3 ranks as 2+1, 2 ranks as 2x1."""
     if np not in WORLD_SIZES:
