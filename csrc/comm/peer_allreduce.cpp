@@ -4,8 +4,10 @@
 // has two halves, and consecutive passes alternate them.
 //
 // One pass over S bytes, rank me, half h:
+//   0. once a call  the ranks agree over the world that each is on the device it was probed on
+//                   (one MPI_Allreduce of an int), and regrow their blocks together if the call needs it
 //   1. copy in      B_me[h] = x (times the average's pre-division for fp16/bf16)
-//                   signal 0; node barrier (the first pass of a call: an agreement over the world)
+//                   signal 0; node barrier
 //   2. reduce       wait for every peer's signal 0;
 //                   B_me[h][slice me] = reduce over r of B_r[h][slice me], peers in rank order from me + 1
 //                   across nodes: slice me is allreduced over `cross` by the ring, staged through host memory
@@ -13,7 +15,7 @@
 //   3. gather       wait for every peer's signal 1; out[slice r] = B_r[h][slice r] for every r
 // Bytes per rank: S copied in, (L-1) S/L read from peers in step 2 and again
 // in step 3, S/L written; 2 (M-1)/M S/L per rank on the wire across M nodes.
-// Two host barriers a pass; the host never waits for the device except before
+// Two host barriers a pass and one small allreduce a call; the host never waits for the device except before
 // MPI reads a shard (across nodes) and when a block is reallocated.
 //
 // Why the halves: a peer may still be reading B_me[h] in step 3 of pass k
@@ -42,6 +44,18 @@ constexpr size_t kReasonBytes = 512;
 // 64-byte alignment of every block half, so every slice starts where vector loads want it.
 size_t aligned(size_t bytes) { return (bytes + 63) & ~size_t(63); }
 
+// Collective over `world`: "" when no rank failed, else "rank R: <its failure>" for the lowest rank
+// that failed, the same text on every rank.
+std::string agree_on_failure(const std::string& failure, const Topology& topo) {
+  int mine = failure.empty() ? topo.size : topo.rank, lowest = 0;
+  PYCOMM_MPI_CHECK(MPI_Allreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, topo.world));
+  if (lowest == topo.size) return std::string();
+  char reason[kReasonBytes] = {};
+  if (lowest == topo.rank) std::snprintf(reason, sizeof reason, "rank %d: %s", topo.rank, failure.c_str());
+  PYCOMM_MPI_CHECK(MPI_Bcast(reason, static_cast<int>(sizeof reason), MPI_CHAR, lowest, topo.world));
+  return reason;
+}
+
 }  // namespace
 
 PeerAllreduce::PeerAllreduce(std::unique_ptr<PeerMemory> memory, int device, const Topology& topo)
@@ -53,21 +67,13 @@ PeerAllreduce::PeerAllreduce(std::unique_ptr<PeerMemory> memory, int device, con
 std::unique_ptr<PeerAllreduce> PeerAllreduce::probe(std::unique_ptr<PeerMemory> memory, int device,
                                                     const Topology& topo, std::string* why) {
   std::unique_ptr<PeerAllreduce> peer(new PeerAllreduce(std::move(memory), device, topo));
-  std::string failure;
   try {
-    peer->exchange_blocks(64 << 10, true);
+    peer->exchange_blocks(64 << 10, true);  // agreed over the world: it throws on every rank or none
   } catch (const std::exception& e) {
-    failure = e.what();
+    *why = e.what();
+    return nullptr;  // the destructor closes the signals, on every rank alike
   }
-  // Agree: the lowest failing rank's reason, or none.
-  int first_failed = failure.empty() ? topo.size : topo.rank, lowest = 0;
-  PYCOMM_MPI_CHECK(MPI_Allreduce(&first_failed, &lowest, 1, MPI_INT, MPI_MIN, topo.world));
-  if (lowest == topo.size) return peer;
-  char reason[kReasonBytes] = {};
-  if (lowest == topo.rank) std::snprintf(reason, sizeof reason, "rank %d: %s", topo.rank, failure.c_str());
-  PYCOMM_MPI_CHECK(MPI_Bcast(reason, static_cast<int>(sizeof reason), MPI_CHAR, lowest, topo.world));
-  *why = reason;
-  return nullptr;  // the destructor closes what was opened, on every rank alike
+  return peer;
 }
 
 PeerAllreduce::~PeerAllreduce() {
@@ -143,11 +149,12 @@ void PeerAllreduce::exchange_blocks(size_t half, bool with_signals) {
   // Every peer has opened this rank's block (or given up): its name may go.
   PYCOMM_MPI_CHECK(MPI_Barrier(topo_.local));
   if (mine.ok) memory_->unpublish(mine.block);
-  int ok = failure.empty() ? 1 : 0, all_ok = 0;
-  PYCOMM_MPI_CHECK(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, topo_.local));
-  if (!all_ok) close_blocks();  // every local rank: the next call starts from no blocks
-  if (!failure.empty()) throw CommError(std::string(memory_->kind()) + ": " + failure);
-  if (!all_ok) throw CommError(std::string(memory_->kind()) + ": another local rank could not open its peers' blocks");
+  // Agreed over the world, as every rank regrows at the same call: no node runs on while another raises.
+  const std::string reason = agree_on_failure(failure, topo_);
+  if (!reason.empty()) {
+    close_blocks();  // every rank: the next call starts from no blocks
+    throw CommError(std::string(memory_->kind()) + ", " + reason);
+  }
   next_half_ = 0;
 }
 

@@ -47,9 +47,9 @@ class PeerAllreduce {
 
  private:
   PeerAllreduce(std::unique_ptr<PeerMemory> memory, int device, const Topology& topo);
-  // Collective over the node: this rank's block of two halves of `half` bytes, the old one released,
-  // exported, and the peers' opened (with their signals, the first time). CommError on every local
-  // rank where any of it failed.
+  // Collective over the world (every rank calls it at the same call): this rank's block of two halves
+  // of `half` bytes, the old one released, exported, and the peers' opened (with their signals, the
+  // first time). CommError on every rank where any of it failed anywhere.
   void exchange_blocks(size_t half, bool with_signals);
   void close_blocks();
   void close_signals();
