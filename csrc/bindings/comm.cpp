@@ -211,7 +211,7 @@ std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tenso
   comm::WorkPtr work;
   {
     py::gil_scoped_release release;  // a blocking call may run the collective right here
-    work = engine.allreduce(a, std::move(kept), blocking);
+    work = engine.allreduce(std::move(a), std::move(kept), blocking);
   }
   return std::make_shared<Handle>(std::move(work), output, group);
 }

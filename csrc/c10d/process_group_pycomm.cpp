@@ -345,7 +345,7 @@ WorkRef ProcessGroupPycomm::allreduce(std::vector<at::Tensor>& tensors, const c1
   a.average = choice.average;
   a.algorithm = comm::Algorithm::AUTO;
   // async_op=False: run on this thread when the engine is idle (no hand-off to the engine thread).
-  auto work = bindings::engine_of(group_).allreduce(a, keep({t}, group_), !opts.asyncOp);
+  auto work = bindings::engine_of(group_).allreduce(std::move(a), keep({t}, group_), !opts.asyncOp);
   return complete(rank_, OpType::ALLREDUCE, group_, work, {t});
 }
 

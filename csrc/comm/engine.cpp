@@ -464,25 +464,26 @@ std::vector<int64_t> flat_shape(const Buffer& b) { return {static_cast<int64_t>(
 
 }  // namespace
 
-Engine::Op Engine::allreduce_op(const AllreduceArgs& args, std::shared_ptr<void> keepalive) {
+Engine::Op Engine::allreduce_op(AllreduceArgs args, std::shared_ptr<void> keepalive) {
   if (args.input.device != args.output.device || args.input.device_index != args.output.device_index)
     throw CommError("allreduce: input and out must be on the same device");
   Op op;
-  op.work = std::make_shared<Work>("allreduce " + args.name, std::move(keepalive));
-  op.sig = Signature::of(Collective::ALLREDUCE, args.input, args.shape.empty() ? flat_shape(args.input) : args.shape,
-                         args.name);
+  op.work = std::make_shared<Work>("allreduce", args.name, std::move(keepalive));
+  // The shape is read only here, into the signature that ranks compare: moved, not copied.
+  op.sig = Signature::of(Collective::ALLREDUCE, args.input,
+                         args.shape.empty() ? flat_shape(args.input) : std::move(args.shape), args.name);
   op.sig.op = static_cast<int32_t>(args.op);
   op.sig.extra = args.average ? 1 : 0;
   op.sig.algorithm = static_cast<int32_t>(args.algorithm);
   op.fusable = true;  // device tensors fuse in the device fusion buffer (executor.cpp)
-  op.allreduce = args;
+  op.allreduce = std::move(args);
   // A device allreduce while ranks have joined runs alone (engine_join.cpp).
-  if (args.input.device != Device::CPU) op.body = [this, args] { exec_->allreduce(args); };
+  if (op.allreduce.input.device != Device::CPU) op.body = [this, a = op.allreduce] { exec_->allreduce(a); };
   return op;
 }
 
-WorkPtr Engine::allreduce(const AllreduceArgs& args, std::shared_ptr<void> keepalive, bool blocking) {
-  return enqueue(allreduce_op(args, std::move(keepalive)), blocking);
+WorkPtr Engine::allreduce(AllreduceArgs args, std::shared_ptr<void> keepalive, bool blocking) {
+  return enqueue(allreduce_op(std::move(args), std::move(keepalive)), blocking);
 }
 
 std::vector<WorkPtr> Engine::allreduce_group(const std::vector<AllreduceArgs>& args, std::shared_ptr<void> keepalive,

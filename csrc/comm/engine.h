@@ -44,9 +44,13 @@ class Work {
  public:
   explicit Work(std::string description, std::shared_ptr<void> keepalive)
       : description_(std::move(description)), keepalive_(std::move(keepalive)) {}
+  // `kind` (a string literal) and the operation's name, joined only when the description is asked
+  // for: an allreduce submission then builds no string of its own (bench/submit_cost.py).
+  Work(const char* kind, std::string name, std::shared_ptr<void> keepalive)
+      : kind_(kind), description_(std::move(name)), keepalive_(std::move(keepalive)) {}
   void wait();  // blocks until done; rethrows the operation's error
   bool done() const;
-  const std::string& description() const { return description_; }
+  std::string description() const { return kind_ ? kind_ + (" " + description_) : description_; }
   void finish(std::exception_ptr error);
   // Finish the works of one batch: all are marked done first, then woken, then their keepalives
   // dropped and callbacks run. A caller waiting on them one by one finds the rest done instead of
@@ -77,6 +81,7 @@ class Work {
   std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr error_;
+  const char* kind_ = nullptr;  // non-null: description_ holds the name alone
   std::string description_;
   std::shared_ptr<void> keepalive_;
 };
@@ -98,7 +103,7 @@ class Engine {
   void set_options(const EngineOptions& options);
 
   // `blocking`: the caller waits at once, so run on its thread if the engine is idle.
-  WorkPtr allreduce(const AllreduceArgs& args, std::shared_ptr<void> keepalive, bool blocking = false);
+  WorkPtr allreduce(AllreduceArgs args, std::shared_ptr<void> keepalive, bool blocking = false);
   // pycomm.grouped_allreduce: allreduces queued together, in list order, in one submission (one
   // lock, at most one worker wake-up), sharing `keepalive`; they fuse as consecutive allreduces do.
   // `blocking`: the caller waits at once, so they run without waiting out the fusion cycle.
@@ -158,7 +163,7 @@ class Engine {
   WorkPtr enqueue(Op op, bool inline_if_idle);
   // pair_by_name: flag a named data operation to pair by name (with mu_ held: reads options_).
   void mark_by_name(Op& op) const;
-  Op allreduce_op(const AllreduceArgs& args, std::shared_ptr<void> keepalive);
+  Op allreduce_op(AllreduceArgs args, std::shared_ptr<void> keepalive);
   void loop();
   // Coordinate and run `batch` (taken from the queue head); returns how many ran.
   size_t execute(std::vector<Op*>& batch);

@@ -49,6 +49,7 @@ struct AllreduceArgs {
   std::string name;
   // The tensor's shape, compared between ranks: the same element count in another shape is an error
   // (Horovod's rule). Empty: compared as a flat buffer of input.count elements (torch's c10d).
+  // Read at submission only: Engine::allreduce_op moves it into the operation's signature.
   std::vector<int64_t> shape;
 };
 
