@@ -2,6 +2,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "../comm/algorithms.h"
 #include "../comm/device_event.h"
@@ -191,6 +192,12 @@ std::shared_ptr<std::vector<at::Tensor>> keep(std::vector<at::Tensor> tensors, c
 
 namespace {
 
+// An asynchronous submission keeps the GIL unless the engine's queue lock is busy (Engine::SubmitterHold).
+struct ReleaseGilIfWaiting final : comm::Engine::SubmitterHold {
+  std::optional<py::gil_scoped_release> released;
+  void release() override { released.emplace(); }
+};
+
 std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tensor& output, const std::string& op,
                                         bool average, const std::string& algorithm, const std::string& name,
                                         bool blocking, int64_t group = 0) {
@@ -209,9 +216,12 @@ std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tenso
   comm::Engine& engine = engine_of(group);
   auto kept = in_place ? keep({input}, engine) : keep({input, output}, engine);
   comm::WorkPtr work;
-  {
-    py::gil_scoped_release release;  // a blocking call may run the collective right here
-    work = engine.allreduce(std::move(a), std::move(kept), blocking);
+  if (blocking) {
+    py::gil_scoped_release release;  // the collective may run right here
+    work = engine.allreduce(std::move(a), std::move(kept), true);
+  } else {
+    ReleaseGilIfWaiting gil;  // taken again at the end of this block if it was let go
+    work = engine.allreduce(std::move(a), std::move(kept), false, &gil);
   }
   return std::make_shared<Handle>(std::move(work), output, group);
 }

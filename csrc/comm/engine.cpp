@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 
 #include "../kernels/reduce.h"
 #include "compressed_allreduce.h"
@@ -210,11 +211,17 @@ void Engine::mark_by_name(Op& op) const {
   }
 }
 
-WorkPtr Engine::enqueue(Op op, bool inline_if_idle) {
+WorkPtr Engine::enqueue(Op op, bool inline_if_idle, SubmitterHold* held) {
   op.submitted = std::chrono::steady_clock::now();
   op.work->ready = take_submit_event();  // the submitter's stream-order event (device_event.h), if any
   WorkPtr work = op.work;
-  std::unique_lock<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+  // Holding mu_, the engine thread may wait for what the submitter holds; a submitter that finds
+  // mu_ free has it to itself, so only one that must wait lets go first.
+  if (!held || !lock.try_lock()) {
+    if (held) held->release();
+    lock.lock();
+  }
   if (stopping_) throw CommError("pycomm engine is shutting down");
   mark_by_name(op);
   if (inline_if_idle && queue_.empty() && !busy_) {
@@ -482,8 +489,9 @@ Engine::Op Engine::allreduce_op(AllreduceArgs args, std::shared_ptr<void> keepal
   return op;
 }
 
-WorkPtr Engine::allreduce(AllreduceArgs args, std::shared_ptr<void> keepalive, bool blocking) {
-  return enqueue(allreduce_op(std::move(args), std::move(keepalive)), blocking);
+WorkPtr Engine::allreduce(AllreduceArgs args, std::shared_ptr<void> keepalive, bool blocking, SubmitterHold* held) {
+  if (blocking && held) throw std::logic_error("Engine::allreduce: a blocking call must release what it holds first");
+  return enqueue(allreduce_op(std::move(args), std::move(keepalive)), blocking, held);
 }
 
 std::vector<WorkPtr> Engine::allreduce_group(const std::vector<AllreduceArgs>& args, std::shared_ptr<void> keepalive,
