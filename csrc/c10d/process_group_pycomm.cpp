@@ -793,7 +793,7 @@ WorkRef ProcessGroupPycomm::reduce(std::vector<at::Tensor>& tensors, const c10d:
   MPI_Comm world = engine.topology().world;
   Kept kept = keep({t}, group_);
   KeptRef ref = kept;
-  auto work = engine.submit_custom(sig, "reduce", kept, [=]() {
+  auto work = engine.submit_custom(sig, "reduce", "", kept, [=]() {
     // MPI_Reduce through MPI's (or pycomm's fp16/bf16) ops; device data via a host copy.
     const at::Tensor tensor = ref.lock()->at(0);
     at::Tensor h = host_view(tensor);
@@ -842,7 +842,7 @@ WorkRef ProcessGroupPycomm::gather(std::vector<std::vector<at::Tensor>>& outputs
   tensors.insert(tensors.end(), outs.begin(), outs.end());  // the root's outputs after the input
   Kept kept = keep(std::move(tensors), group_);
   KeptRef ref = kept;
-  auto work = engine.submit_custom(sig, "gather", kept, [=]() {
+  auto work = engine.submit_custom(sig, "gather", "", kept, [=]() {
     const Kept k = ref.lock();
     const at::Tensor& in = (*k)[0];
     at::Tensor h = host_view(in);
@@ -892,7 +892,7 @@ WorkRef ProcessGroupPycomm::scatter(std::vector<at::Tensor>& outputs, std::vecto
   MPI_Comm world = engine.topology().world;
   Kept kept = keep(std::move(kept_tensors), group_);
   KeptRef ref = kept;
-  auto work = engine.submit_custom(sig, "scatter", kept, [=]() {
+  auto work = engine.submit_custom(sig, "scatter", "", kept, [=]() {
     const Kept k = ref.lock();
     const at::Tensor& out = (*k)[0];
     at::Tensor all;  // the root's inputs in rank order, on the host; undefined elsewhere

@@ -233,7 +233,7 @@ WorkPtr Engine::backup_session(std::shared_ptr<BackupSession> session) {
   sig.extra = static_cast<int32_t>(session->first_step());
   sig.set_name(session->name());
   BackupSession* s = session.get();
-  WorkPtr work = submit_custom(sig, "backup session " + session->name(), session,
+  WorkPtr work = submit_custom(sig, "backup session", session->name(), session,
                                [this, s] { run_backup_session(*s); }, false);
   // However the operation ends (DONE, an error in its round or in the loop), the Python thread's
   // take() and submit() learn it.

@@ -128,7 +128,7 @@ Engine::~Engine() {
     try {
       Signature sig;
       sig.kind = static_cast<int32_t>(Collective::SHUTDOWN);
-      submit_custom(sig, "shutdown", nullptr, [] {}, true)->wait();
+      submit_custom(sig, "shutdown", "", nullptr, [] {}, true)->wait();
     } catch (const std::exception&) {
       // Others still submit: they got the same message, naming this rank.
     }
@@ -168,7 +168,7 @@ void Engine::set_options(const EngineOptions& options) {
   sig.numel = static_cast<int64_t>(options_hash(options));
   sig.set_name("engine options");
   // Stall limits are per rank (each rank's own watchdog), so they are not compared.
-  submit_custom(sig, "set_options", nullptr, [this, options] {
+  submit_custom(sig, "set_options", "", nullptr, [this, options] {
     std::lock_guard<std::mutex> lock(mu_);
     options_ = options;
   }, true)->wait();
@@ -544,10 +544,10 @@ std::vector<WorkPtr> Engine::allreduce_group(const std::vector<AllreduceArgs>& a
   return works;
 }
 
-WorkPtr Engine::submit_custom(const Signature& sig, std::string description, std::shared_ptr<void> keepalive,
-                              std::function<void()> fn, bool blocking) {
+WorkPtr Engine::submit_custom(const Signature& sig, const char* kind, std::string name,
+                              std::shared_ptr<void> keepalive, std::function<void()> fn, bool blocking) {
   Op op;
-  op.work = std::make_shared<Work>(std::move(description), std::move(keepalive));
+  op.work = std::make_shared<Work>(kind, std::move(name), std::move(keepalive));
   op.sig = sig;
   op.body = std::move(fn);
   return enqueue(std::move(op), blocking);
@@ -557,7 +557,7 @@ WorkPtr Engine::broadcast(const Buffer& buf, int root, std::string name, std::sh
                           bool blocking) {
   Signature sig = Signature::of(Collective::BROADCAST, buf, flat_shape(buf), name);
   sig.root = root;
-  return submit_custom(sig, "broadcast " + name, std::move(keepalive), [this, buf, root] { exec_->broadcast(buf, root); },
+  return submit_custom(sig, "broadcast", std::move(name), std::move(keepalive), [this, buf, root] { exec_->broadcast(buf, root); },
                        blocking);
 }
 
@@ -570,7 +570,7 @@ WorkPtr Engine::allgather(const Buffer& send, size_t rows, std::vector<int64_t> 
   size_t row_elems = 1;
   for (int64_t d : row_shape) row_elems *= static_cast<size_t>(d);
   const size_t row_bytes = row_elems * kernels::dtype_size(send.dtype);
-  return submit_custom(sig, "allgather " + name, std::move(keepalive),
+  return submit_custom(sig, "allgather", std::move(name), std::move(keepalive),
                        [this, send, rows, row_bytes, allocate] { exec_->allgather(send, rows, row_bytes, allocate); },
                        false);
 }
@@ -589,7 +589,7 @@ void Engine::flush() {
 WorkPtr Engine::barrier(bool blocking) {
   Signature sig;
   sig.kind = static_cast<int32_t>(Collective::BARRIER);
-  return submit_custom(sig, "barrier", nullptr, [this] { PYCOMM_MPI_CHECK(MPI_Barrier(topo_.world)); }, blocking);
+  return submit_custom(sig, "barrier", "", nullptr, [this] { PYCOMM_MPI_CHECK(MPI_Barrier(topo_.world)); }, blocking);
 }
 
 WorkPtr Engine::reduce_scatter(const ReduceScatterArgs& args, std::shared_ptr<void> keepalive, bool blocking) {
@@ -607,7 +607,7 @@ WorkPtr Engine::reduce_scatter(const ReduceScatterArgs& args, std::shared_ptr<vo
   sig.op = static_cast<int32_t>(args.op);
   sig.extra = args.average ? 1 : 0;
   sig.algorithm = static_cast<int32_t>(args.algorithm);
-  return submit_custom(sig, "reduce_scatter " + args.name, std::move(keepalive), [this, args] { exec_->reduce_scatter(args); },
+  return submit_custom(sig, "reduce_scatter", args.name, std::move(keepalive), [this, args] { exec_->reduce_scatter(args); },
                        blocking);
 }
 
@@ -626,7 +626,7 @@ WorkPtr Engine::alltoall(const AlltoallArgs& args, std::shared_ptr<void> keepali
   shape.insert(shape.end(), args.row_shape.begin(), args.row_shape.end());
   Signature sig = Signature::of(Collective::ALLTOALL, args.input, shape, args.name);
   sig.numel = -1;  // rows differ per rank
-  return submit_custom(sig, "alltoall " + args.name, std::move(keepalive), [this, args] { exec_->alltoall(args); },
+  return submit_custom(sig, "alltoall", args.name, std::move(keepalive), [this, args] { exec_->alltoall(args); },
                        blocking);
 }
 
@@ -676,7 +676,7 @@ WorkPtr Engine::compressed_allreduce(const CompressedArgs& args, std::shared_ptr
   if (args.mask.data) tag += "+mask";
   sig.set_name(tag + ":" + args.name);
 
-  return submit_custom(sig, "allreduce " + tag + " " + args.name, std::move(keepalive),
+  return submit_custom(sig, "allreduce", tag + " " + args.name, std::move(keepalive),
                        [this, args] { exec_->compressed_allreduce(args); }, blocking);
 }
 

@@ -42,15 +42,14 @@ class BackupSession;
 // caller needs alive until the operation ends (the bindings put tensors there).
 class Work {
  public:
-  explicit Work(std::string description, std::shared_ptr<void> keepalive)
-      : description_(std::move(description)), keepalive_(std::move(keepalive)) {}
-  // `kind` (a string literal) and the operation's name, joined only when the description is asked
-  // for: an allreduce submission then builds no string of its own (bench/submit_cost.py).
+  // `kind` (a string literal: "allreduce", "barrier") and the operation's name, joined only when the
+  // description is asked for (a stall report, a handle's repr): a submission builds no string of its
+  // own (bench/submit_instructions.py).
   Work(const char* kind, std::string name, std::shared_ptr<void> keepalive)
-      : kind_(kind), description_(std::move(name)), keepalive_(std::move(keepalive)) {}
+      : kind_(kind), name_(std::move(name)), keepalive_(std::move(keepalive)) {}
   void wait();  // blocks until done; rethrows the operation's error
   bool done() const;
-  std::string description() const { return kind_ ? kind_ + (" " + description_) : description_; }
+  std::string description() const { return name_.empty() ? kind_ : kind_ + (" " + name_); }
   void finish(std::exception_ptr error);
   // Finish the works of one batch: all are marked done first, then woken, then their keepalives
   // dropped and callbacks run. A caller waiting on them one by one finds the rest done instead of
@@ -81,8 +80,8 @@ class Work {
   std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr error_;
-  const char* kind_ = nullptr;  // non-null: description_ holds the name alone
-  std::string description_;
+  const char* kind_;
+  std::string name_;
   std::shared_ptr<void> keepalive_;
 };
 
@@ -106,7 +105,7 @@ class Engine {
   // binding's: Python's GIL, which dropping the last reference to a tensor takes). A submission
   // given one takes the queue's lock at once when it is free, keeping what it holds; only when the
   // lock is busy does it call release() first and then wait. Releasing and taking the GIL again
-  // cost a small asynchronous allreduce 412 of its 6,056 instructions (bench/submit_instructions.py).
+  // cost a small asynchronous allreduce about 370 of its 5,500 instructions (bench/submit_instructions.py).
   struct SubmitterHold {
     virtual void release() = 0;
 
@@ -151,8 +150,9 @@ class Engine {
   Stats stats() const;
 
   // Run `fn` on the engine thread as one operation (for algorithms defined
-  // elsewhere, e.g. compressed allreduce). `sig` is what the ranks agree on.
-  WorkPtr submit_custom(const Signature& sig, std::string description, std::shared_ptr<void> keepalive,
+  // elsewhere, e.g. compressed allreduce). `sig` is what the ranks agree on; `kind` and `name`
+  // describe it (Work).
+  WorkPtr submit_custom(const Signature& sig, const char* kind, std::string name, std::shared_ptr<void> keepalive,
                         std::function<void()> fn, bool blocking);
 
   // force_staging, force_device_direct or force_peer: host memory stands in for device memory.

@@ -77,7 +77,7 @@ WorkPtr Engine::join(std::shared_ptr<int> last_rank, bool blocking, bool answer_
   Signature sig;
   sig.kind = static_cast<int32_t>(Collective::JOIN);
   sig.extra = answer_gathers ? 0 : 1;  // coordinator.cpp: refuse the others' allgathers and broadcasts
-  return submit_custom(sig, "join", nullptr, [this, last_rank] { *last_rank = join_last_; }, blocking);
+  return submit_custom(sig, "join", "", nullptr, [this, last_rank] { *last_rank = join_last_; }, blocking);
 }
 
 size_t Engine::execute_join(std::vector<Op*>& batch) {
