@@ -203,7 +203,11 @@ def test_pycomm_train_elastic_grows_back_to_max_np():
     # broadcast and takes the committed state at elastic.run's entry), and the job ends on 4 ranks with
     # one model, as accurate as a 4-rank run throughout.
     rng = random.Random()
-    algorithm, victim, step = rng.choice(["ssgd", "model_averaging", "bmuf"]), rng.choice([0, 1, 3]), rng.randint(5, 60)
+    # The survivors notice the death at their next collective. Kill steps up to 45 leave one (the
+    # metrics allreduce at epoch 2's end, step 46) before the last epoch's steps, so a step follows
+    # every recovery; a later kill under model_averaging (sync period 50) or bmuf (10) is noticed only
+    # at the last epoch's end, after the last step.
+    algorithm, victim, step = rng.choice(["ssgd", "model_averaging", "bmuf"]), rng.choice([0, 1, 3]), rng.randint(5, 45)
     common = ["-m", "pycomm.tools.train", "--elastic", "--algorithm", algorithm, "--epochs", "3", "--no-progress",
               "--no-bandwidth-table"] + (["--sync-period", "10"] if algorithm == "bmuf" else [])
     rc, out = run_elastic(4, common + ["--kill-at-step", f"{victim}:{step}"], timeout=300,
