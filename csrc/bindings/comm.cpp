@@ -45,6 +45,13 @@ comm::ReduceOp parse_op(const std::string& op) {
   throw py::value_error("unknown reduction op '" + op + "'; choose sum, avg, min or max");
 }
 
+// pycomm's op="avg" is for floating-point tensors (collectives.py's check, with the user's message);
+// refused here too, so the Python fast paths that call straight in need no check of their own.
+bool check_average(bool average, kernels::DType dtype) {
+  if (average && !kernels::is_floating(dtype)) throw py::type_error("allreduce: an average needs a floating-point tensor");
+  return average;
+}
+
 // The catalogue's parse, with an unknown name a ValueError as for every other bad argument.
 comm::Algorithm parse_algorithm(const std::string& a) {
   try {
@@ -209,7 +216,7 @@ std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tenso
   if (a.input.count != a.output.count || a.input.dtype != a.output.dtype)
     throw py::value_error("allreduce: out must have the input's shape and dtype");
   a.op = parse_op(op);
-  a.average = average;
+  a.average = check_average(average, a.input.dtype);
   a.algorithm = parse_algorithm(algorithm);
   a.name = name;
   a.shape = input.sizes().vec();
@@ -326,7 +333,7 @@ at::Tensor allreduce_blocking(const at::Tensor& tensor, const std::string& op, b
   comm::AllreduceArgs a;
   a.input = a.output = to_buffer(tensor, "allreduce");
   a.op = parse_op(op);
-  a.average = average;
+  a.average = check_average(average, a.input.dtype);
   a.algorithm = parse_algorithm(algorithm);
   a.name = name;
   a.shape = tensor.sizes().vec();
@@ -336,7 +343,7 @@ at::Tensor allreduce_blocking(const at::Tensor& tensor, const std::string& op, b
   if (tensor.is_cuda() || engine().device_standin()) kept = keep({tensor}, engine());
   {
     py::gil_scoped_release release;
-    comm::WorkPtr work = engine().allreduce(a, kept, true);
+    comm::WorkPtr work = engine().allreduce(std::move(a), std::move(kept), true);
     work->wait();
     order_current_stream(work->done_event());  // the caller's stream after pycomm's device work
   }

@@ -211,7 +211,7 @@ void Engine::mark_by_name(Op& op) const {
   }
 }
 
-WorkPtr Engine::enqueue(Op op, bool inline_if_idle, SubmitterHold* held) {
+WorkPtr Engine::enqueue(Op&& op, bool inline_if_idle, SubmitterHold* held) {
   op.submitted = std::chrono::steady_clock::now();
   op.work->ready = take_submit_event();  // the submitter's stream-order event (device_event.h), if any
   WorkPtr work = op.work;
@@ -471,7 +471,7 @@ std::vector<int64_t> flat_shape(const Buffer& b) { return {static_cast<int64_t>(
 
 }  // namespace
 
-Engine::Op Engine::allreduce_op(AllreduceArgs args, std::shared_ptr<void> keepalive) {
+Engine::Op Engine::allreduce_op(AllreduceArgs&& args, std::shared_ptr<void> keepalive) {
   if (args.input.device != args.output.device || args.input.device_index != args.output.device_index)
     throw CommError("allreduce: input and out must be on the same device");
   Op op;
@@ -489,7 +489,7 @@ Engine::Op Engine::allreduce_op(AllreduceArgs args, std::shared_ptr<void> keepal
   return op;
 }
 
-WorkPtr Engine::allreduce(AllreduceArgs args, std::shared_ptr<void> keepalive, bool blocking, SubmitterHold* held) {
+WorkPtr Engine::allreduce(AllreduceArgs&& args, std::shared_ptr<void> keepalive, bool blocking, SubmitterHold* held) {
   if (blocking && held) throw std::logic_error("Engine::allreduce: a blocking call must release what it holds first");
   return enqueue(allreduce_op(std::move(args), std::move(keepalive)), blocking, held);
 }
@@ -498,7 +498,7 @@ std::vector<WorkPtr> Engine::allreduce_group(const std::vector<AllreduceArgs>& a
                                              bool blocking) {
   std::vector<Op> ops;
   ops.reserve(args.size());
-  for (const AllreduceArgs& a : args) ops.push_back(allreduce_op(a, keepalive));
+  for (const AllreduceArgs& a : args) ops.push_back(allreduce_op(AllreduceArgs(a), keepalive));
   std::vector<WorkPtr> works;
   works.reserve(ops.size());
   const auto now = std::chrono::steady_clock::now();

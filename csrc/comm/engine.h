@@ -114,7 +114,7 @@ class Engine {
   };
   // `blocking`: the caller waits at once, so run on its thread if the engine is idle. `held`: only
   // with blocking false (a blocking call may run the collective on the caller's thread).
-  WorkPtr allreduce(AllreduceArgs args, std::shared_ptr<void> keepalive, bool blocking = false,
+  WorkPtr allreduce(AllreduceArgs&& args, std::shared_ptr<void> keepalive, bool blocking = false,
                     SubmitterHold* held = nullptr);
   // pycomm.grouped_allreduce: allreduces queued together, in list order, in one submission (one
   // lock, at most one worker wake-up), sharing `keepalive`; they fuse as consecutive allreduces do.
@@ -173,10 +173,11 @@ class Engine {
     std::chrono::steady_clock::time_point submitted;
   };
 
-  WorkPtr enqueue(Op op, bool inline_if_idle, SubmitterHold* held = nullptr);
+  // Ops and their arguments pass by reference down the submission path: each is moved once, into the queue.
+  WorkPtr enqueue(Op&& op, bool inline_if_idle, SubmitterHold* held = nullptr);
   // pair_by_name: flag a named data operation to pair by name (with mu_ held: reads options_).
   void mark_by_name(Op& op) const;
-  Op allreduce_op(AllreduceArgs args, std::shared_ptr<void> keepalive);
+  Op allreduce_op(AllreduceArgs&& args, std::shared_ptr<void> keepalive);
   void loop();
   // Coordinate and run `batch` (taken from the queue head); returns how many ran.
   size_t execute(std::vector<Op*>& batch);

@@ -57,6 +57,22 @@ def test_unsupported_dtype_and_op(call):
         allreduce(None, op="avg")
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.bool])
+def test_binding_refuses_an_integer_average(dtype):
+    # The fast paths call the binding with no dtype check of their own: it refuses the average
+    # itself, before anything is queued, and the engine goes on.
+    from pycomm import _C
+
+    x = torch.ones(5, dtype=dtype)
+    with pytest.raises(TypeError, match="an average needs a floating-point tensor"):
+        _C.allreduce_async(x, x, "sum", True, "auto", "", False, 0)
+    with pytest.raises(TypeError, match="an average needs a floating-point tensor"):
+        _C.allreduce_blocking(x, "sum", True, "auto", "")
+    assert torch.equal(pycomm.allreduce_async(x, op="max").wait(), torch.ones(5, dtype=dtype))
+    y = torch.randn(5, dtype=torch.float64)
+    assert torch.equal(_C.allreduce_async(y, y.clone(), "sum", True, "auto", "", False, 0).wait(), y)
+
+
 @pytest.mark.parametrize("call", ALLREDUCE_CALLS)
 def test_parameters_and_integer_sums_take_the_common_path(call):
     p = torch.nn.Parameter(torch.randn(5))
