@@ -45,10 +45,12 @@ struct Buffer {
   char* bytes_at(size_t element) const { return static_cast<char*>(data) + element * kernels::dtype_size(dtype); }
 };
 
-// Where an uncompressed average over N ranks divides. fp16/bf16 divide every input before
-// the sum: N values near the top of the fp16 range overflow before a later division could
-// rescue them. Every other dtype divides the reduced sum once (a correctly rounded quotient,
-// integers included, as Horovod's Average). A factor of 1 means "no pass".
+// Where an uncompressed average over N ranks scales by 1/N. fp16/bf16 scale every input before
+// the sum: N values near the top of the fp16 range overflow before a later scaling could
+// rescue them. float32/float64 scale the reduced sum once; x * (1/N) is not always the correctly
+// rounded x / N, which is why pycomm.horovod's Average sums and divides afterwards
+// (docs/compatibility.md). Integer tensors have no average (the bindings and the c10d backend
+// refuse one). A factor of 1 means "no pass".
 struct AverageRule {
   double before = 1.0;  // applied to each rank's input
   double after = 1.0;   // applied to the reduced result
