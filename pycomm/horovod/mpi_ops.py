@@ -19,6 +19,7 @@ process set is a ``pycomm.new_group`` group, handles are ``pycomm.Handle``.
 from __future__ import annotations
 
 import itertools
+import numbers
 from typing import Dict, List, Optional
 
 import torch
@@ -684,10 +685,21 @@ def broadcast(tensor, root_rank, name=None, process_set: ProcessSet = global_pro
 # -- alltoall -------------------------------------------------------------------
 
 def _splits_list(splits) -> Optional[List[int]]:
+    """Row counts as ints. Anything but whole numbers is refused on the calling rank, before any
+    collective: Horovod requires an int32 splits tensor, and a float one (say torch.empty's
+    leftovers) converted by int() would give each rank its own counts, or fail on some ranks only
+    and leave the others waiting in the alltoall."""
     if splits is None:
         return None
     if isinstance(splits, torch.Tensor):
-        splits = splits.tolist()
+        if splits.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"pycomm.horovod.alltoall: splits must be an int32 tensor (int64 is taken too), "
+                             f"got {str(splits.dtype).replace('torch.', '')}")
+        return splits.tolist()
+    splits = list(splits)
+    bad = [s for s in splits if not isinstance(s, numbers.Integral)]
+    if bad:
+        raise ValueError(f"pycomm.horovod.alltoall: splits must be whole numbers, got {bad[0]!r}")
     return [int(s) for s in splits]
 
 

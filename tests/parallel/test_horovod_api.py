@@ -244,6 +244,25 @@ def test_alltoall(comm):
     np.testing.assert_array_equal(xg.grad.numpy(), np.full(x.shape, 3.0))
 
 
+@pytest.mark.parametrize("splits", ["float32 tensor", "float list", "bool tensor"])
+def test_alltoall_refuses_splits_that_are_not_whole_numbers(splits):
+    # Horovod's test_horovod_alltoall_splits_type_error passes torch.empty(size, dtype=float32):
+    # garbage that int() turned into different counts on each rank, or into an error on some ranks
+    # only, which left the others in the alltoall until the stall watchdog ended the job.
+    n, r = hvd.size(), hvd.rank()
+    x = torch.ones(n, 2)
+    bad = {"float32 tensor": torch.full((n,), float("nan") if r == 0 else 1.0),
+           "float list": [1.0] * n,
+           "bool tensor": torch.ones(n, dtype=torch.bool)}[splits]
+    with pytest.raises(ValueError, match="splits must be"):
+        hvd.alltoall(x, bad)
+    # Nothing was queued: the next alltoall pairs as usual, with int32 and int64 splits.
+    for dtype in (torch.int32, torch.int64):
+        out, received = hvd.alltoall(x * r, torch.ones(n, dtype=dtype))
+        assert received.tolist() == [1] * n
+        np.testing.assert_array_equal(out.numpy(), np.repeat(np.arange(n, dtype=np.float32), 2).reshape(n, 2))
+
+
 @pytest.mark.parametrize("op,name", [(hvd.Average, "avg"), (hvd.Sum, "sum")])
 def test_reducescatter(op, name):
     n, r = hvd.size(), hvd.rank()
