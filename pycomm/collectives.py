@@ -57,9 +57,8 @@ def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "aut
             and _state.topology is not None and op.__class__ is str:
         # The common call (in place, all ranks, uncompressed) goes straight to the engine's binding, which
         # checks the tensor (dtype, device, layout, strides) and the algorithm before it queues anything
-        # (csrc/bindings/comm.cpp). What it refuses, and avg of a non-float tensor, take the checked path
-        # below for their messages (docs/benchmarks.md: 2.4-2.6 -> 1.9-2.0 us a call).
-        # The binding also refuses an average of a non-float tensor (TypeError).
+        # (csrc/bindings/comm.cpp). What it refuses, avg of a non-float tensor included, takes the checked
+        # path below for its message (docs/benchmarks.md: 2.4-2.6 -> 1.9-2.0 us a call).
         engine_op = ENGINE_OP.get(op)
         if engine_op is not None:
             try:
