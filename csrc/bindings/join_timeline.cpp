@@ -1,7 +1,8 @@
-// pycomm.join (uneven inputs) and the timeline: bindings.
+// pycomm.join (uneven inputs), the timeline and the stage clock: bindings.
 #include <memory>
 
 #include "../comm/engine.h"
+#include "../comm/stage_clock.h"
 #include "../comm/timeline.h"
 #include "bindings.h"
 
@@ -31,6 +32,18 @@ void register_join_timeline(py::module_& m) {
     comm::timeline::stop();
   }, "Close the timeline's open ranges and its file (no-op when none runs).");
   m.def("timeline_path", [] { return comm::timeline::running_path(); }, "The timeline file being written, or ''.");
+  m.def(
+      "stage_clock_run", [](bool on) { comm::stage_clock::set_running(on); }, py::arg("on"),
+      "Start (True) or stop the stage clock (comm/stage_clock.h): per-stage time and bytes of the algorithms.");
+  m.def("stage_clock_take", [] {
+    namespace sc = comm::stage_clock;
+    const sc::StageTotals t = sc::take();
+    py::dict out;
+    for (int s = 0; s < sc::kStageCount; ++s)
+      out[sc::stage_name(static_cast<sc::Stage>(s))] =
+          py::make_tuple(static_cast<double>(t.nanoseconds[s]) * 1e-9, t.bytes[s], t.marks[s]);
+    return out;
+  }, "The stage clock's totals since the last take, then zero: {stage: (seconds, bytes, marks)}.");
 }
 
 }  // namespace bindings

@@ -55,7 +55,7 @@
 namespace pycomm {
 namespace comm {
 namespace shm_detail {  // shm_allreduce.cpp
-void reduce_own_slice(size_t count, DType dtype, ReduceOp op, ShmWindow& shm);
+uint64_t reduce_own_slice(size_t count, DType dtype, ReduceOp op, ShmWindow& shm);
 }  // namespace shm_detail
 
 namespace {

@@ -6,6 +6,7 @@
 #include "../kernels/reduce.h"
 #include "algorithms.h"
 #include "shm_window.h"
+#include "stage_clock.h"
 #include "timeline.h"
 
 namespace pycomm {
@@ -43,7 +44,9 @@ void hierarchical_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, MPI_
   shard.count = part_size(buf.count, L, me);
   cross_allreduce(shard, op, cross, cross_ring, chunk_bytes);
 
+  stage_clock::StageClock clock;
   shm.fence();  // every shard is final before anyone copies it out
+  clock.mark(stage_clock::kBarrier);
   phase.next("LOCAL_ALLGATHER");
   shm_detail::allgather_from_segments(buf, shm);
 }

@@ -4,6 +4,7 @@
 
 #include "../kernels/reduce.h"
 #include "algorithms.h"
+#include "stage_clock.h"
 #include "timeline.h"
 #include "wait_policy.h"
 
@@ -58,7 +59,9 @@ class RingPass {
     }
 
     // Step 0 sends come straight from the caller's data.
+    stage_clock::StageClock clock;  // MPI's bytes: those sent and received
     for (size_t c = 0; c < chunks_of(send_seg(0)); ++c) post_send(0, c);
+    clock.mark(stage_clock::kMpi, (seg_begin_[send_seg(0) + 1] - seg_begin_[send_seg(0)]) * esize_);
 
     // Receives in (step, chunk) order, kRecvWindow ahead.
     std::vector<std::pair<int, size_t>> order;
@@ -76,15 +79,21 @@ class RingPass {
       wait_request(&recv_req[i]);  // waits give up the core under contention (wait_policy.h)
       const int t = order[i].first;
       const size_t c = order[i].second;
+      size_t begin, len;
+      chunk_range(recv_seg(t), c, &begin, &len);
+      clock.mark(stage_clock::kMpi, len * esize_);
       if (t < size_ - 1) {
-        size_t begin, len;
-        chunk_range(recv_seg(t), c, &begin, &len);
         if (memory_) memory_->reduce(buf_.bytes_at(begin), slot(i % kRecvWindow), len, buf_.dtype, op_);
         else kernels::reduce_cpu(buf_.bytes_at(begin), slot(i % kRecvWindow), len, buf_.dtype, op_);
+        clock.mark(stage_clock::kReduce, 3 * len * esize_);
       }
-      if (t + 1 < steps) post_send(t + 1, c);
+      if (t + 1 < steps) {
+        post_send(t + 1, c);
+        clock.mark(stage_clock::kMpi, len * esize_);
+      }
     }
     wait_requests(static_cast<int>(send_req_.size()), send_req_.data());
+    clock.mark(stage_clock::kMpi);
   }
 
  private:

@@ -11,20 +11,24 @@
 #include "../kernels/reduce.h"
 #include "algorithms.h"
 #include "shm_window.h"
+#include "stage_clock.h"
 #include "timeline.h"
 
 namespace pycomm {
 namespace comm {
 namespace shm_detail {
 
-// Reduce this rank's slice of `count` elements over every segment into its own segment.
-void reduce_own_slice(size_t count, DType dtype, ReduceOp op, ShmWindow& shm);
+using stage_clock::StageClock;
+
+// Reduce this rank's slice of `count` elements over every segment into its own segment;
+// returns the bytes read and written.
+uint64_t reduce_own_slice(size_t count, DType dtype, ReduceOp op, ShmWindow& shm);
 
 // Copy this rank's data into its segment, then reduce this rank's slice
 // [part_begin(count, L, local_rank), ...) over every segment into its own
 // segment. On return (after a fence) segment r's slice r holds the node's
-// reduction of slice r.
-void reduce_own_slice(size_t count, DType dtype, ReduceOp op, ShmWindow& shm) {
+// reduction of slice r. Returns the reduction's memory traffic (stage_clock.h).
+uint64_t reduce_own_slice(size_t count, DType dtype, ReduceOp op, ShmWindow& shm) {
   const size_t esize = kernels::dtype_size(dtype);
   const int L = shm.size(), me = shm.rank();
   const size_t begin = part_begin(count, L, me), len = part_size(count, L, me);
@@ -33,14 +37,19 @@ void reduce_own_slice(size_t count, DType dtype, ReduceOp op, ShmWindow& shm) {
     int peer = (me + k) % L;  // start at a different peer on every rank to spread the load
     kernels::reduce_cpu(dst, shm.segment(peer) + begin * esize, len, dtype, op);
   }
+  return 3 * static_cast<uint64_t>(L - 1) * len * esize;  // read both, write one, per peer
 }
 
 void reduce_scatter_into_segments(const Buffer& buf, ReduceOp op, ShmWindow& shm) {
   shm.reserve(buf.bytes());
+  StageClock clock;
   std::memcpy(shm.mine(), buf.data, buf.bytes());
+  clock.mark(stage_clock::kCopyIn, 2 * buf.bytes());
   shm.fence();
-  reduce_own_slice(buf.count, buf.dtype, op, shm);
+  clock.mark(stage_clock::kBarrier);
+  clock.mark(stage_clock::kReduce, reduce_own_slice(buf.count, buf.dtype, op, shm));
   shm.fence();
+  clock.mark(stage_clock::kBarrier);
 }
 
 // Copy each rank's reduced slice out of its segment into `buf`, then fence so
@@ -48,17 +57,22 @@ void reduce_scatter_into_segments(const Buffer& buf, ReduceOp op, ShmWindow& shm
 void allgather_from_segments(const Buffer& buf, ShmWindow& shm) {
   const size_t esize = kernels::dtype_size(buf.dtype);
   const int L = shm.size();
+  StageClock clock;
   for (int k = 0; k < L; ++k) {
     int owner = (shm.rank() + k) % L;
     size_t begin = part_begin(buf.count, L, owner), len = part_size(buf.count, L, owner);
     std::memcpy(buf.bytes_at(begin), shm.segment(owner) + begin * esize, len * esize);
   }
+  clock.mark(stage_clock::kCopyOut, 2 * buf.bytes());
   shm.fence();
+  clock.mark(stage_clock::kBarrier);
 }
 
 }  // namespace shm_detail
 
 namespace {
+
+using stage_clock::StageClock;
 
 // Latency-bound sizes: one fence instead of three. Every rank copies its data
 // into its segment (half of it, alternating, see ShmWindow::take_half),
@@ -70,10 +84,15 @@ namespace {
 void one_fence_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm) {
   const size_t bytes = buf.bytes();
   const size_t offset = shm.take_half(bytes);
+  StageClock clock;
   std::memcpy(shm.mine() + offset, buf.data, bytes);
+  clock.mark(stage_clock::kCopyIn, 2 * bytes);
   shm.fence();
+  clock.mark(stage_clock::kBarrier);
   std::memcpy(buf.data, shm.segment(0) + offset, bytes);
+  clock.mark(stage_clock::kCopyOut, 2 * bytes);
   for (int r = 1; r < shm.size(); ++r) kernels::reduce_cpu(buf.data, shm.segment(r) + offset, buf.count, buf.dtype, op);
+  clock.mark(stage_clock::kReduce, 3 * static_cast<uint64_t>(shm.size() - 1) * bytes);
 }
 
 // Large messages: the three steps chunk by chunk through two window halves (see algorithms.h), over
@@ -92,27 +111,37 @@ void chunked_allreduce(size_t count, DType dtype, ReduceOp op, ShmWindow& shm, s
   shm.reserve(2 * half_bytes);  // settles first
   const size_t chunks = (count + chunk_elems - 1) / chunk_elems;
   auto chunk_len = [&](size_t c) { return std::min(chunk_elems, count - c * chunk_elems); };
+  StageClock clock;
   copy_in(0, chunk_len(0), shm.mine());
+  clock.mark(stage_clock::kCopyIn, 2 * chunk_len(0) * esize);
   for (size_t c = 0; c < chunks; ++c) {
     const size_t offset = (c & 1) * half_bytes, begin = c * chunk_elems, len = chunk_len(c);
     shm.fence();  // chunk c is in every segment's half
+    clock.mark(stage_clock::kBarrier);
     const size_t s_begin = part_begin(len, L, me), s_len = part_size(len, L, me);
     char* dst = shm.mine() + offset + s_begin * esize;
     for (int k = 1; k < L; ++k) {
       const int peer = (me + k) % L;  // a different first peer on every rank spreads the load
       kernels::reduce_cpu(dst, shm.segment(peer) + offset + s_begin * esize, s_len, dtype, op);
     }
+    clock.mark(stage_clock::kReduce, 3 * static_cast<uint64_t>(L - 1) * s_len * esize);
     shm.fence();  // every slice of chunk c is reduced
+    clock.mark(stage_clock::kBarrier);
     for (int k = 0; k < L; ++k) {
       const int owner = (me + k) % L;
       const size_t o_begin = part_begin(len, L, owner), o_len = part_size(len, L, owner);
       if (o_len) copy_out(begin + o_begin, o_len, shm.segment(owner) + offset + o_begin * esize);
     }
+    clock.mark(stage_clock::kCopyOut, 2 * len * esize);
     // Chunk c+1 goes to the other half, which chunk c-1 used: every rank copied chunk c-1 out
     // before the first fence of chunk c.
-    if (c + 1 < chunks) copy_in(begin + chunk_elems, chunk_len(c + 1), shm.mine() + ((c + 1) & 1) * half_bytes);
+    if (c + 1 < chunks) {
+      copy_in(begin + chunk_elems, chunk_len(c + 1), shm.mine() + ((c + 1) & 1) * half_bytes);
+      clock.mark(stage_clock::kCopyIn, 2 * chunk_len(c + 1) * esize);
+    }
   }
   shm.fence();  // nobody reads the window any more: it is free for any other use
+  clock.mark(stage_clock::kBarrier);
 }
 
 void pipelined_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, size_t chunk_bytes) {
@@ -212,11 +241,14 @@ void windowed_fused_allreduce(const FusedTensors& t, ReduceOp op, bool pre_divid
     return pipelined_fused_allreduce(t, total, op, pre_divide, unpack_scale, shm, shm_chunk_bytes);
   const int L = shm.size(), me = shm.rank();
   shm.reserve(total * esize);
+  StageClock clock;
   // Packing is the copy-in: the fused buffer is this rank's window segment.
   kernels::fusion_pack_cpu(t.srcs.data(), t.counts.data(), t.counts.size(), shm.mine(), t.dtype);
   if (pre_divide) kernels::scale_cpu(shm.mine(), total, t.dtype, 1.0 / static_cast<double>(t.world_size));
+  clock.mark(stage_clock::kCopyIn, 2 * total * esize);
   shm.fence();
-  shm_detail::reduce_own_slice(total, t.dtype, op, shm);
+  clock.mark(stage_clock::kBarrier);
+  clock.mark(stage_clock::kReduce, shm_detail::reduce_own_slice(total, t.dtype, op, shm));
   if (cross != MPI_COMM_NULL) {
     int cross_size = 1;
     PYCOMM_MPI_CHECK(MPI_Comm_size(cross, &cross_size));
@@ -225,8 +257,10 @@ void windowed_fused_allreduce(const FusedTensors& t, ReduceOp op, bool pre_divid
     shard.data = shm.mine() + part_begin(total, L, me) * esize;
     shard.count = part_size(total, L, me);
     if (cross_size > 1 && shard.count) ring_allreduce(shard, op, cross, chunk_bytes);
+    clock.skip();  // the ring keeps its own stages
   }
   shm.fence();
+  clock.mark(stage_clock::kBarrier);
   // Unpacking is the copy-out: each tensor is read straight from the
   // segments that own its pieces, with the average's 1/N applied on the way.
   size_t offset = 0;
@@ -243,7 +277,9 @@ void windowed_fused_allreduce(const FusedTensors& t, ReduceOp op, bool pre_divid
     }
     offset += t.counts[k];
   }
+  clock.mark(stage_clock::kCopyOut, 2 * total * esize);
   shm.fence();
+  clock.mark(stage_clock::kBarrier);
 }
 
 void shm_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, size_t chunk_bytes) {

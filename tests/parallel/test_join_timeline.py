@@ -1,4 +1,5 @@
-"""pycomm.join (ranks with different numbers of batches, Horovod's hvd.join semantics) and the timeline.
+"""pycomm.join (ranks with different numbers of batches, Horovod's hvd.join semantics), the timeline
+and the stage clock (bench/allreduce.py --stages).
 
 For join, each rank recomputes every rank's data (refdata.rank_data), so the float64
 references below are independent of pycomm: a reduction over the ranks that
@@ -316,6 +317,95 @@ def test_timeline_phases_of_shm_and_compressed(tmp_path):
         assert "LOCAL_ALLREDUCE" in {r["name"] for r in ranges if r["lane"] == "tl.shm_small"}
     # fp16: cast, ring of the half buffer, cast back; onebit: the two-phase scheme's five steps
     assert {"COMPRESS", "RING", "DECOMPRESS", "ALLTOALL", "SERVER_REDUCE", "ALLGATHER"} <= seen, seen
+
+
+def part_begin(count, parts, i):
+    base, rem = divmod(count, parts)
+    return i * base + min(i, rem)
+
+
+def part_size(count, parts, i):
+    return part_begin(count, parts, i + 1) - part_begin(count, parts, i)
+
+
+def stage_totals(fn):
+    pycomm._C.stage_clock_take()
+    pycomm._C.stage_clock_run(True)
+    try:
+        fn()
+    finally:
+        pycomm._C.stage_clock_run(False)
+    return pycomm._C.stage_clock_take()
+
+
+def expect_stages(totals, nbytes, marks, what):
+    """totals: {stage: (seconds, bytes, marks)}; nbytes and marks: the expected ones per stage (absent: 0)."""
+    for stage, (seconds, got_bytes, got_marks) in totals.items():
+        assert got_bytes == nbytes.get(stage, 0), (what, stage, got_bytes, nbytes)
+        assert got_marks == marks.get(stage, 0), (what, stage, got_marks, marks)
+        assert (seconds > 0) == (got_marks > 0), (what, stage, seconds, got_marks)
+
+
+def test_stage_clock_counts_the_bytes_of_each_algorithms_schedule():
+    """The stage clock against the bytes each schedule moves, worked out here from the schedules'
+    comments: ring (reduce-scatter then allgather over segments part_begin(count, N, j)), shm in one
+    pass and chunk by chunk, and MPI's allreduce; an odd count, not divisible by the world size. Time
+    is counted exactly where a stage was marked, and nothing while the clock is stopped."""
+    rank, size = pycomm.rank(), pycomm.size()
+    topo = pycomm.topology()
+    E = 4  # float32
+    count = 300_007
+    S = count * E
+    x = rank_data(rank, count, torch.float32, seed=41)
+
+    # ring: step t sends segment (r - t) mod N and receives (r - t - 1) mod N, 2(N-1) steps; the
+    # first N-1 received segments are reduced (read both, write one).
+    seg = [part_size(count, size, j) * E for j in range(size)]
+    steps = range(2 * (size - 1))
+    sent = sum(seg[(rank - t) % size] for t in steps)
+    received = sum(seg[(rank - t - 1) % size] for t in steps)
+    reduced = sum(seg[(rank - t - 1) % size] for t in range(size - 1))
+    chunk_elems = max(1, pycomm.get_options()["ring_chunk_bytes"] // E)
+    chunks = [-(-seg[(rank - t - 1) % size] // (chunk_elems * E)) for t in steps]  # received at step t
+    totals = stage_totals(lambda: pycomm.allreduce(x, algorithm="ring"))
+    if size == 1:
+        expect_stages(totals, {}, {}, "ring")
+    else:  # MPI marks: the first sends; per chunk received, its wait and (but at the last step) its send; the end
+        expect_stages(totals, {"mpi": sent + received, "reduce": 3 * reduced},
+                      {"mpi": 2 + sum(chunks) + sum(chunks[:-1]), "reduce": sum(chunks[:size - 1])}, "ring")
+
+    totals = stage_totals(lambda: pycomm.allreduce(x, algorithm="mpi"))
+    expect_stages(totals, *(({"mpi": S}, {"mpi": 1}) if size > 1 else ({}, {})), "mpi")  # one rank: no call
+
+    L, me = topo.local_size, topo.local_rank
+    if topo.num_nodes > 1 or L == 1:
+        return
+    # shm in one pass: copy in, fence, reduce own slice with L-1 peers, fence, copy out, fence.
+    assert S <= pycomm._C.shm_pipeline_min_bytes(L, pycomm.get_options()["shm_chunk_bytes"])
+    totals = stage_totals(lambda: pycomm.allreduce(x, algorithm="shm"))
+    expect_stages(totals, {"copy_in": 2 * S, "reduce": 3 * (L - 1) * part_size(count, L, me) * E, "copy_out": 2 * S},
+                  {"copy_in": 1, "reduce": 1, "copy_out": 1, "barrier": 3}, "shm in one pass")
+
+    # shm chunk by chunk: per chunk copy in, fence, reduce own slice of the chunk, fence, copy out; a last fence.
+    old = pycomm.get_options()["shm_chunk_bytes"]
+    chunk_bytes = 40_000
+    try:
+        pycomm.set_options(shm_chunk_bytes=chunk_bytes)
+        n = pycomm._C.shm_pipeline_min_bytes(L, chunk_bytes) // E + 12_345
+        y = rank_data(rank, n, torch.float32, seed=42)
+        chunk_elems = ((chunk_bytes + 63) & ~63) // E
+        lens = [min(chunk_elems, n - b) for b in range(0, n, chunk_elems)]
+        totals = stage_totals(lambda: pycomm.allreduce(y, algorithm="shm"))
+    finally:
+        pycomm.set_options(shm_chunk_bytes=old)
+    expect_stages(totals, {"copy_in": 2 * n * E, "copy_out": 2 * n * E,
+                           "reduce": 3 * (L - 1) * E * sum(part_size(c, L, me) for c in lens)},
+                  {"copy_in": len(lens), "reduce": len(lens), "copy_out": len(lens), "barrier": 2 * len(lens) + 1},
+                  "shm chunk by chunk")
+
+    # Stopped, the clock counts nothing.
+    pycomm.allreduce(x, algorithm="shm")
+    assert all(v == (0.0, 0, 0) for v in pycomm._C.stage_clock_take().values())
 
 
 def test_timeline_from_environment_and_torch_profiler(tmp_path, monkeypatch):
