@@ -21,6 +21,11 @@ uncompressed float32 size; wire_B is the bytes each rank actually sent
 (other rows: the float32 ring's count) and #wrong counts elements off by
 more than the compression's error (onebit: a 1-bit average is not exact, so
 #wrong is not counted for it).
+
+--model adds the memory-traffic bound of 'shm' and pycomm.cost_model's prediction beside the
+measurements; --stages adds, per pycomm algorithm and size, the time of each stage the algorithm marks
+(copy-in, reduction, copy-out, barrier, MPI; csrc/comm/stage_clock.h) with its bytes' rate, and the rest
+of the call.
 """
 from __future__ import annotations
 
@@ -241,6 +246,56 @@ def shm_model_seconds(nbytes, local_size, per_rank_copy_bw, chunked=False):
     return traffic / per_rank_copy_bw
 
 
+STAGES = ("copy_in", "reduce", "copy_out", "barrier", "mpi")  # csrc/comm/stage_clock.h
+
+
+def stage_breakdown(impl, comm, nbytes, dtype, iters):
+    """--stages: one algorithm's calls timed with the engine's stage clock running. Per rank and call:
+    the wall time of pycomm.allreduce, and the time and bytes of each stage the algorithm marked
+    (stage_clock.h); 'other' is the rest of the call (queue, coordination round, Python). Means over
+    ranks, with the copy bandwidth every rank gets while all copy at once, measured at this size."""
+    esize = torch.empty(0, dtype=dtype).element_size()
+    base = torch.full((nbytes // esize,), float(comm.rank + 1), dtype=dtype)
+    x = base.clone()
+    impl(x)
+    pycomm._C.stage_clock_take()
+    pycomm._C.stage_clock_run(True)
+    wall = 0.0
+    try:
+        for _ in range(iters):
+            x.copy_(base)
+            comm.Barrier()
+            t0 = time.perf_counter()
+            impl(x)
+            wall += time.perf_counter() - t0
+    finally:
+        pycomm._C.stage_clock_run(False)
+    totals = pycomm._C.stage_clock_take()
+    mine = np.array([wall] + [totals[s][0] for s in STAGES] + [totals[s][1] for s in STAGES], dtype=np.float64)
+    mean = comm.allreduce(mine) / comm.size / iters
+    copy_bw = copy_bandwidth(comm, nbytes)
+    k = len(STAGES)
+    call_s, stage_s, stage_b = mean[0], mean[1:1 + k], mean[1 + k:]
+    rows = []
+    for name, t, b in list(zip(STAGES, stage_s, stage_b)) + [("other", call_s - stage_s.sum(), 0.0)]:
+        rate = b / t if t > 0 and b > 0 else None
+        rows.append(dict(impl=impl.name, size=nbytes, stage=name, us=t * 1e6, share=t / call_s,
+                         GBps=rate / 1e9 if rate else None,
+                         of_copy=rate / copy_bw if rate and name != "mpi" else None))
+    return dict(impl=impl.name, size=nbytes, call_us=call_s * 1e6, copy_GBps_per_rank=copy_bw / 1e9, stages=rows)
+
+
+def print_stages(b):
+    print(f"  {human(b['size']):>10} {b['impl']:>10} {'call':>9} {b['call_us']:>10.1f} {1:>6.0%}"
+          f"   (copy bandwidth {b['copy_GBps_per_rank']:.2f} GB/s per rank)")
+    for r in b["stages"]:
+        if r["us"] <= 0.05 and r["stage"] != "other":
+            continue
+        gbps = f"{r['GBps']:.2f}" if r["GBps"] else "-"
+        of_copy = f"{r['of_copy']:.2f}" if r["of_copy"] else "-"
+        print(f"  {'':>10} {'':>10} {r['stage']:>9} {r['us']:>10.1f} {r['share']:>6.0%} {gbps:>8} {of_copy:>8}")
+
+
 def time_impl(impl, comm, nbytes, dtype, iters, warmup):
     from mpi4py import MPI
 
@@ -295,6 +350,10 @@ def main(argv=None):
                    help="also measure copy bandwidth with all ranks copying at once and print the memory-traffic "
                         "bound of 'shm' beside its measurement, and pycomm.cost_model's prediction beside every "
                         "pycomm algorithm's time (constants measured in the same run)")
+    p.add_argument("--stages", action="store_true",
+                   help="also time every pycomm algorithm with the engine's stage clock running and print where "
+                        "its time goes: copy-in, reduction, copy-out, barrier and MPI, each with its bytes' rate "
+                        "against the copy bandwidth, and the rest of the call")
     p.add_argument("--testbed", metavar="HOSTSxRANKS",
                    help="run inside emulated hosts joined by a shaped link, e.g. 2x2 (pycomm-testbed; needs root)")
     p.add_argument("--link-gbps", type=float, default=1.0, help="link rate of --testbed, Gbit/s")
@@ -430,6 +489,25 @@ def main(argv=None):
         rows_out = dict(rows=rows, model=model_rows, cost_model=dict(constants=machine.to_dict(), rows=predicted))
     else:
         rows_out = rows
+    if args.stages:
+        if comm.rank == 0:
+            print("# where the time goes (--stages), per call, means over ranks: the stages the algorithm marks "
+                  "(csrc/comm/stage_clock.h) and 'other' (queue, coordination round, Python). GB/s = the stage's "
+                  "bytes (memory read + written; mpi: sent + received) / its time; of_copy = that rate / the "
+                  "copy bandwidth")
+            print(f"# {'size':>10} {'impl':>10} {'stage':>9} {'us':>10} {'share':>6} {'GB/s':>8} {'of_copy':>8}")
+        breakdown = []
+        for nbytes in size_list:
+            iters = args.iters or max(5, min(200, int(2e8 // max(nbytes, 1)) // 10))
+            for impl in impls:
+                if isinstance(impl, PycommImpl):
+                    breakdown.append(stage_breakdown(impl, comm, nbytes, dtype, iters))
+                    if comm.rank == 0:
+                        print_stages(breakdown[-1])
+        if isinstance(rows_out, dict):
+            rows_out["stages"] = breakdown
+        else:
+            rows_out = dict(rows=rows, stages=breakdown)
     if comm.rank == 0:
         if args.json:
             with open(args.json, "w") as f:

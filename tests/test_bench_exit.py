@@ -45,3 +45,26 @@ def test_gpu_allreduce_checks_values(path):
     assert len(rows) == 2, out
     assert all(r[-1] == "ok" and "error" not in r for r in rows), out
     assert "onebit up to 64 MiB" in out, out
+
+
+@pytest.mark.mpi
+def test_stages_show_where_each_algorithms_time_goes(tmp_path):
+    """--stages: per algorithm and size, the stages that algorithm marks (ring: reduce and MPI; shm:
+    the copies, the reduction and its barriers) and the rest of the call, which add up to the call."""
+    out_json = tmp_path / "stages.json"
+    rc, out = run_under_mpi(2, [BENCH, "--min-bytes", "64K", "--max-bytes", "256K", "--baselines", "",
+                                "--algorithms", "ring,shm", "--iters", "3", "--warmup", "0", "--stages",
+                                "--json", str(out_json)], timeout=120)
+    assert rc == 0, out
+    assert "where the time goes" in out, out
+    import json
+
+    breakdown = json.loads(out_json.read_text())["stages"]
+    assert [(b["impl"], b["size"]) for b in breakdown] == [("ring", 64 << 10), ("shm", 64 << 10),
+                                                           ("ring", 256 << 10), ("shm", 256 << 10)], breakdown
+    marked = {"ring": {"reduce", "mpi"}, "shm": {"copy_in", "reduce", "copy_out", "barrier"}}
+    for b in breakdown:
+        us = {r["stage"]: r["us"] for r in b["stages"]}
+        assert {s for s, t in us.items() if t > 0 and s != "other"} == marked[b["impl"]], b
+        assert abs(sum(us.values()) - b["call_us"]) < 1e-6 * b["call_us"], b  # 'other' is the remainder
+        assert us["other"] > 0, b  # the queue and coordination round take some time on every call
