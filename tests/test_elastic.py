@@ -23,6 +23,20 @@ needs_ulfm = pytest.mark.skipif(mpi_flavour(LAUNCHER) != "openmpi",
                                 reason="elastic mode needs Open MPI's fault tolerance (ULFM); this MPI is not Open MPI")
 
 
+def kill_processes_naming(marker):
+    """The ranks of a killed job can outlive mpirun (Open MPI's daemon starts them in a session of its
+    own), and a hung one would spin for the rest of the test run: end every process whose command line
+    contains `marker` (the job's script, a path under the test's tmp_path)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                named = os.fsencode(marker) in f.read()
+            if named and int(pid) != os.getpid():
+                os.kill(int(pid), signal.SIGKILL)
+        except OSError:  # gone already, or not ours
+            pass
+
+
 def run_elastic(np, args, env=None, timeout=180):
     """Launch `python args...` on `np` ranks as pycomm-run --elastic does; return (exit code, output).
     A job that does not end by itself within `timeout` fails the test (a survivor hung)."""
@@ -36,6 +50,7 @@ def run_elastic(np, args, env=None, timeout=180):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
+        kill_processes_naming(args[0])
         pytest.fail(f"the job did not end within {timeout} s (a survivor hung):\n{out[-12000:]}", pytrace=False)
     return proc.returncode, out
 

@@ -12,8 +12,10 @@
 //    RanksFailedError;
 //  - the failure is remembered: every later coordination round throws the same
 //    error at once (Coordinator::agree), so queued operations fail too;
-//  - spin-waits (Backoff::pause) look at MPI's list of failed processes every
-//    kPollInterval, so no wait outlives the failure by more than that.
+//  - waits past their spin (Waiter::pause, wait_policy.h) drive MPI's progress
+//    engine and look at its list of failed processes every kPollInterval, so
+//    no wait outlives the failure by more than that: a wait on shared memory
+//    makes no MPI call, and MPI learns of a death only inside one.
 //
 // Recovery (shrinking the world, starting a new engine) is pycomm.elastic's;
 // it calls disable() and enable() around the new communicators.
