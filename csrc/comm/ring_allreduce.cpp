@@ -15,20 +15,6 @@ namespace {
 constexpr int kRingTag = 0x5259;  // all ring messages share one tag: order alone matches them
 constexpr int kRecvWindow = 4;    // receives kept posted ahead of processing
 
-// The receive slots on host memory: this thread's scratch, kept between passes and grown when a
-// pass needs more. Allocating (and zero-filling) kRecvWindow chunks on every pass cost more than a
-// small message's whole allreduce.
-char* host_scratch(size_t bytes) {
-  thread_local std::unique_ptr<char[]> scratch;
-  thread_local size_t capacity = 0;
-  if (capacity < bytes) {
-    scratch.reset();
-    scratch.reset(new char[bytes]);
-    capacity = bytes;
-  }
-  return scratch.get();
-}
-
 // One pass over the ring. Step t in [0, 2(N-1)): steps below N-1 form the
 // reduce-scatter, the rest the allgather. At step t rank r sends segment
 // (r - t) mod N and receives segment (r - t - 1) mod N, so what it receives
@@ -65,6 +51,7 @@ class RingPass {
     left_ = (rank_ - 1 + size_) % size_;
     right_ = (rank_ + 1) % size_;
     // A slot holds the largest chunk this pass receives: a small message needs no chunk-sized slots.
+    // (Zero-filled kRecvWindow chunks of 512 KiB on every pass took longer than a 64 KiB allreduce.)
     size_t largest_segment = 0;
     for (int j = 0; j < size_; ++j) largest_segment = std::max(largest_segment, seg_begin_[j + 1] - seg_begin_[j]);
     slot_elems_ = std::min(chunk_elems_, largest_segment);
@@ -73,7 +60,7 @@ class RingPass {
       device_lease_ = std::make_unique<MemoryMover::Lease>(memory_->working_memory(slot_bytes));
       device_slots_ = static_cast<char*>(device_lease_->get());
     } else {
-      host_slots_ = host_scratch(slot_bytes);
+      host_slots_.reset(new char[slot_bytes]);  // not zero-filled: every byte is received before it is read
     }
 
     // Step 0 sends come straight from the caller's data.
@@ -119,7 +106,7 @@ class RingPass {
   int recv_seg(int t) const { return ((rank_ - t - 1 - shift()) % size_ + size_) % size_; }
   int shift() const { return scatter_only_ ? 1 : 0; }
   size_t chunks_of(int seg) const { return first_chunk_[seg + 1] - first_chunk_[seg]; }
-  char* slot(size_t s) { return (memory_ ? device_slots_ : host_slots_) + s * slot_elems_ * esize_; }
+  char* slot(size_t s) { return (memory_ ? device_slots_ : host_slots_.get()) + s * slot_elems_ * esize_; }
 
   void chunk_range(int seg, size_t c, size_t* begin, size_t* len) const {
     size_t seg_begin = seg_begin_[seg], seg_len = seg_begin_[seg + 1] - seg_begin_[seg];
@@ -168,7 +155,7 @@ class RingPass {
   bool scatter_only_ = false;
   std::vector<MPI_Request> send_req_;
   MemoryMover* memory_;
-  char* host_slots_ = nullptr;  // host_scratch()
+  std::unique_ptr<char[]> host_slots_;
   std::unique_ptr<MemoryMover::Lease> device_lease_;  // the mover's cached working memory
   char* device_slots_ = nullptr;
 };
