@@ -18,6 +18,30 @@ from pycomm.tools.launcher import build_command, find_launcher, mpi_flavour
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def kill_processes_naming(marker: str) -> None:
+    """The ranks of a killed job can outlive mpirun (Open MPI's daemon starts them in a session of its
+    own), and a hung one would spin for the rest of the test run: end every process whose command line
+    contains `marker` (the job's script or test file)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                named = os.fsencode(marker) in f.read()
+            if named and int(pid) != os.getpid():
+                os.kill(int(pid), signal.SIGKILL)
+        except OSError:  # gone already, or not ours
+            pass
+
+
+def kill_job(proc: subprocess.Popen, args) -> str:
+    """End a timed-out job: mpirun's process group, then any rank left behind; returns its output."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    out, _ = proc.communicate()
+    script = next((str(a) for a in args if str(a).endswith(".py")), None)
+    if script:
+        kill_processes_naming(script)
+    return out or ""
+
+
 def run_under_mpi(np: int, args, timeout: float = 600, env: Optional[Dict[str, str]] = None) -> Tuple[int, str]:
     """Launch `python args...` on `np` ranks; return (exit code, combined output)."""
     launcher = find_launcher()
@@ -32,9 +56,8 @@ def run_under_mpi(np: int, args, timeout: float = 600, env: Optional[Dict[str, s
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return -9, (out or "") + f"\n*** killed after {timeout:.0f} s: the job hung ***\n"
+        out = kill_job(proc, args)
+        return -9, out + f"\n*** killed after {timeout:.0f} s: the job hung ***\n"
     return proc.returncode, out
 
 

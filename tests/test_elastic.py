@@ -7,34 +7,19 @@ identical models. Under MPICH (no ULFM in its pip build) the jobs cannot run and
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from mpi_launch import ROOT, run_under_mpi
+from mpi_launch import ROOT, kill_job, run_under_mpi
 from pycomm.tools.launcher import ELASTIC_OPENMPI_ARGS, build_command, find_launcher, mpi_flavour
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCHER = find_launcher()
 needs_ulfm = pytest.mark.skipif(mpi_flavour(LAUNCHER) != "openmpi",
                                 reason="elastic mode needs Open MPI's fault tolerance (ULFM); this MPI is not Open MPI")
-
-
-def kill_processes_naming(marker):
-    """The ranks of a killed job can outlive mpirun (Open MPI's daemon starts them in a session of its
-    own), and a hung one would spin for the rest of the test run: end every process whose command line
-    contains `marker` (the job's script, a path under the test's tmp_path)."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                named = os.fsencode(marker) in f.read()
-            if named and int(pid) != os.getpid():
-                os.kill(int(pid), signal.SIGKILL)
-        except OSError:  # gone already, or not ours
-            pass
 
 
 def run_elastic(np, args, env=None, timeout=180):
@@ -48,9 +33,7 @@ def run_elastic(np, args, env=None, timeout=180):
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        kill_processes_naming(args[0])
+        out = kill_job(proc, args)
         pytest.fail(f"the job did not end within {timeout} s (a survivor hung):\n{out[-12000:]}", pytrace=False)
     return proc.returncode, out
 
