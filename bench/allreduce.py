@@ -323,6 +323,12 @@ def time_impl(impl, comm, nbytes, dtype, iters, warmup):
                 time_us=t * 1e6, algbw=algbw, busbw=busbw, wrong=wrong, ranks=comm.size, wire_bytes=wire)
 
 
+def timed_iterations(args, nbytes):
+    """--iters, else by size (about 20 MB a row, 5 to 200 calls); --quick: at most 20."""
+    iters = args.iters or max(5, min(200, int(2e8 // max(nbytes, 1)) // 10))
+    return min(iters, 20) if args.quick else iters
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--min-bytes", default="8", type=parse_size)
@@ -424,9 +430,7 @@ def main(argv=None):
         print(f"# {'size':>10} {'count':>11} {'impl':>10} {'time_us':>11} {'algbw GB/s':>10} {'busbw GB/s':>10} "
               f"{'#wrong':>6} {'wire_B':>11}")
     for nbytes in size_list:
-        iters = args.iters or max(5, min(200, int(2e8 // max(nbytes, 1)) // 10))
-        if args.quick:
-            iters = min(iters, 20)
+        iters = timed_iterations(args, nbytes)
         for impl in impls:
             row = time_impl(impl, comm, nbytes, dtype, iters, args.warmup)
             if row is None:
@@ -498,7 +502,7 @@ def main(argv=None):
             print(f"# {'size':>10} {'impl':>10} {'stage':>9} {'us':>10} {'share':>6} {'GB/s':>8} {'of_copy':>8}")
         breakdown = []
         for nbytes in size_list:
-            iters = args.iters or max(5, min(200, int(2e8 // max(nbytes, 1)) // 10))
+            iters = timed_iterations(args, nbytes)
             for impl in impls:
                 if isinstance(impl, PycommImpl):
                     breakdown.append(stage_breakdown(impl, comm, nbytes, dtype, iters))

@@ -90,7 +90,7 @@ class RingPass {
       if (t < size_ - 1) {
         if (memory_) memory_->reduce(buf_.bytes_at(begin), slot(i % kRecvWindow), len, buf_.dtype, op_);
         else kernels::reduce_cpu(buf_.bytes_at(begin), slot(i % kRecvWindow), len, buf_.dtype, op_);
-        clock.mark(stage_clock::kReduce, 3 * len * esize_);
+        clock.mark(stage_clock::kReduce, stage_clock::reduction_bytes(len * esize_));
       }
       if (t + 1 < steps) {
         post_send(t + 1, c);

@@ -37,14 +37,14 @@ uint64_t reduce_own_slice(size_t count, DType dtype, ReduceOp op, ShmWindow& shm
     int peer = (me + k) % L;  // start at a different peer on every rank to spread the load
     kernels::reduce_cpu(dst, shm.segment(peer) + begin * esize, len, dtype, op);
   }
-  return 3 * static_cast<uint64_t>(L - 1) * len * esize;  // read both, write one, per peer
+  return stage_clock::reduction_bytes(len * esize, L - 1);
 }
 
 void reduce_scatter_into_segments(const Buffer& buf, ReduceOp op, ShmWindow& shm) {
   shm.reserve(buf.bytes());
   StageClock clock;
   std::memcpy(shm.mine(), buf.data, buf.bytes());
-  clock.mark(stage_clock::kCopyIn, 2 * buf.bytes());
+  clock.mark(stage_clock::kCopyIn, stage_clock::copy_bytes(buf.bytes()));
   shm.fence();
   clock.mark(stage_clock::kBarrier);
   clock.mark(stage_clock::kReduce, reduce_own_slice(buf.count, buf.dtype, op, shm));
@@ -63,7 +63,7 @@ void allgather_from_segments(const Buffer& buf, ShmWindow& shm) {
     size_t begin = part_begin(buf.count, L, owner), len = part_size(buf.count, L, owner);
     std::memcpy(buf.bytes_at(begin), shm.segment(owner) + begin * esize, len * esize);
   }
-  clock.mark(stage_clock::kCopyOut, 2 * buf.bytes());
+  clock.mark(stage_clock::kCopyOut, stage_clock::copy_bytes(buf.bytes()));
   shm.fence();
   clock.mark(stage_clock::kBarrier);
 }
@@ -86,13 +86,13 @@ void one_fence_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm) {
   const size_t offset = shm.take_half(bytes);
   StageClock clock;
   std::memcpy(shm.mine() + offset, buf.data, bytes);
-  clock.mark(stage_clock::kCopyIn, 2 * bytes);
+  clock.mark(stage_clock::kCopyIn, stage_clock::copy_bytes(bytes));
   shm.fence();
   clock.mark(stage_clock::kBarrier);
   std::memcpy(buf.data, shm.segment(0) + offset, bytes);
-  clock.mark(stage_clock::kCopyOut, 2 * bytes);
+  clock.mark(stage_clock::kCopyOut, stage_clock::copy_bytes(bytes));
   for (int r = 1; r < shm.size(); ++r) kernels::reduce_cpu(buf.data, shm.segment(r) + offset, buf.count, buf.dtype, op);
-  clock.mark(stage_clock::kReduce, 3 * static_cast<uint64_t>(shm.size() - 1) * bytes);
+  clock.mark(stage_clock::kReduce, stage_clock::reduction_bytes(bytes, shm.size() - 1));
 }
 
 // Large messages: the three steps chunk by chunk through two window halves (see algorithms.h), over
@@ -113,7 +113,7 @@ void chunked_allreduce(size_t count, DType dtype, ReduceOp op, ShmWindow& shm, s
   auto chunk_len = [&](size_t c) { return std::min(chunk_elems, count - c * chunk_elems); };
   StageClock clock;
   copy_in(0, chunk_len(0), shm.mine());
-  clock.mark(stage_clock::kCopyIn, 2 * chunk_len(0) * esize);
+  clock.mark(stage_clock::kCopyIn, stage_clock::copy_bytes(chunk_len(0) * esize));
   for (size_t c = 0; c < chunks; ++c) {
     const size_t offset = (c & 1) * half_bytes, begin = c * chunk_elems, len = chunk_len(c);
     shm.fence();  // chunk c is in every segment's half
@@ -124,7 +124,7 @@ void chunked_allreduce(size_t count, DType dtype, ReduceOp op, ShmWindow& shm, s
       const int peer = (me + k) % L;  // a different first peer on every rank spreads the load
       kernels::reduce_cpu(dst, shm.segment(peer) + offset + s_begin * esize, s_len, dtype, op);
     }
-    clock.mark(stage_clock::kReduce, 3 * static_cast<uint64_t>(L - 1) * s_len * esize);
+    clock.mark(stage_clock::kReduce, stage_clock::reduction_bytes(s_len * esize, L - 1));
     shm.fence();  // every slice of chunk c is reduced
     clock.mark(stage_clock::kBarrier);
     for (int k = 0; k < L; ++k) {
@@ -132,12 +132,12 @@ void chunked_allreduce(size_t count, DType dtype, ReduceOp op, ShmWindow& shm, s
       const size_t o_begin = part_begin(len, L, owner), o_len = part_size(len, L, owner);
       if (o_len) copy_out(begin + o_begin, o_len, shm.segment(owner) + offset + o_begin * esize);
     }
-    clock.mark(stage_clock::kCopyOut, 2 * len * esize);
+    clock.mark(stage_clock::kCopyOut, stage_clock::copy_bytes(len * esize));
     // Chunk c+1 goes to the other half, which chunk c-1 used: every rank copied chunk c-1 out
     // before the first fence of chunk c.
     if (c + 1 < chunks) {
       copy_in(begin + chunk_elems, chunk_len(c + 1), shm.mine() + ((c + 1) & 1) * half_bytes);
-      clock.mark(stage_clock::kCopyIn, 2 * chunk_len(c + 1) * esize);
+      clock.mark(stage_clock::kCopyIn, stage_clock::copy_bytes(chunk_len(c + 1) * esize));
     }
   }
   shm.fence();  // nobody reads the window any more: it is free for any other use
@@ -245,7 +245,7 @@ void windowed_fused_allreduce(const FusedTensors& t, ReduceOp op, bool pre_divid
   // Packing is the copy-in: the fused buffer is this rank's window segment.
   kernels::fusion_pack_cpu(t.srcs.data(), t.counts.data(), t.counts.size(), shm.mine(), t.dtype);
   if (pre_divide) kernels::scale_cpu(shm.mine(), total, t.dtype, 1.0 / static_cast<double>(t.world_size));
-  clock.mark(stage_clock::kCopyIn, 2 * total * esize);
+  clock.mark(stage_clock::kCopyIn, stage_clock::copy_bytes(total * esize));
   shm.fence();
   clock.mark(stage_clock::kBarrier);
   clock.mark(stage_clock::kReduce, shm_detail::reduce_own_slice(total, t.dtype, op, shm));
@@ -277,7 +277,7 @@ void windowed_fused_allreduce(const FusedTensors& t, ReduceOp op, bool pre_divid
     }
     offset += t.counts[k];
   }
-  clock.mark(stage_clock::kCopyOut, 2 * total * esize);
+  clock.mark(stage_clock::kCopyOut, stage_clock::copy_bytes(total * esize));
   shm.fence();
   clock.mark(stage_clock::kBarrier);
 }

@@ -20,6 +20,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 
 namespace pycomm {
@@ -39,6 +40,11 @@ struct StageTotals {
   std::array<uint64_t, kStageCount> marks{};
 };
 StageTotals take();  // the totals since the last take(), then zero
+
+// The bytes a stage is credited with (see above): a copy of n bytes, and a reduction of n bytes
+// into one's own buffer from each of `peers` others.
+inline uint64_t copy_bytes(size_t n) { return 2 * static_cast<uint64_t>(n); }
+inline uint64_t reduction_bytes(size_t n, int peers = 1) { return 3 * static_cast<uint64_t>(peers) * n; }
 void add(Stage s, uint64_t nanoseconds, uint64_t bytes);
 
 class StageClock {
