@@ -414,11 +414,13 @@ void Engine::run_backup_session(BackupSession& s) {
         m << "pycomm stall: " << what << " step " << k << " has waited " << static_cast<int>(waited) << " s for "
           << n_counted << " gradients; it has " << arrivals.size() << " (" << rank_list(arrivals) << "), "
           << rank_list(missing) << " have not handed theirs in.";
-        if (abort_now) m << " Aborting the job (PYCOMM_STALL_ABORT_S=" << stall.abort_s << ").";
+        if (abort_now) {
+          m << " Aborting the job (PYCOMM_STALL_ABORT_S=" << stall.abort_s << ").";
+          abort_job(m.str());
+        }
         std::fprintf(stderr, "%s\n", m.str().c_str());
         std::fflush(stderr);
         warned = true;
-        if (abort_now) MPI_Abort(MPI_COMM_WORLD, 3);
       }
     } else {
       // ---- the other ranks: rank 0's decisions

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <sstream>
@@ -85,6 +86,13 @@ void log_line(const std::string& line) {
 }
 
 }  // namespace
+
+void abort_job(const std::string& line) {
+  log_line(line);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  MPI_Abort(MPI_COMM_WORLD, 3);
+  std::_Exit(3);  // MPI_Abort does not return; said for the compiler
+}
 
 void Signature::set_name(const std::string& n) {
   std::memset(name, 0, sizeof name);
@@ -291,9 +299,9 @@ size_t Coordinator::coordinate(const std::vector<Signature>& mine, const char* w
       else if (stall.abort_s > 0)
         msg << " The job is aborted after " << stall.abort_s << " s (PYCOMM_STALL_ABORT_S).";
       std::string text = msg.str();
+      if (abort_now) abort_job(text);
       log_line(text);
       warned = true;
-      if (abort_now) MPI_Abort(MPI_COMM_WORLD, 3);
       // Tell the waiting ranks too, so every log names the culprits.
       for (int r : present) {
         if (r == 0) continue;
@@ -439,9 +447,8 @@ size_t Coordinator::follow(const std::vector<Signature>& mine, const StallOption
       warned = true;
     }
     if (stall.abort_s > 0 && waited >= stall.abort_s + 3 * kAnswerWait_s) {  // after rank 0 had its say
-      log_line("pycomm stall: rank " + std::to_string(rank_) + " aborting the job after " +
-               std::to_string(static_cast<int>(waited)) + " s at " + mine.front().describe() + ".");
-      MPI_Abort(MPI_COMM_WORLD, 3);
+      abort_job("pycomm stall: rank " + std::to_string(rank_) + " aborting the job after " +
+                std::to_string(static_cast<int>(waited)) + " s at " + mine.front().describe() + ".");
     }
     wait.pause();
   }
@@ -556,10 +563,12 @@ bool Coordinator::coordinate_by_name(std::vector<std::vector<Signature>>& all, c
       if (const Signature* h = head[static_cast<size_t>(r)]) msg << " (queue head: " << h->describe() << ")";
       msg << ";";
     }
-    if (abort_now) msg << " Aborting the job (PYCOMM_STALL_ABORT_S=" << stall.abort_s << ").";
+    if (abort_now) {
+      msg << " Aborting the job (PYCOMM_STALL_ABORT_S=" << stall.abort_s << ").";
+      abort_job(msg.str());
+    }
     log_line(msg.str());
     stuck_warned_ = true;
-    if (abort_now) MPI_Abort(MPI_COMM_WORLD, 3);
   };
   auto progressed = [&] {
     stuck_since_ = {};

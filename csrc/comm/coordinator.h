@@ -106,6 +106,11 @@ struct StallOptions {
   double abort_s = 600.0;   // MPI_Abort the job after this long (0: never)
 };
 
+// Writes `line` to stderr, then ends the job with MPI_Abort (exit code 3) after a short pause: the
+// launcher forwards a rank's output asynchronously, and MPICH's, torn down by the abort, once lost
+// the line written just before it. Every stall abort goes through here.
+[[noreturn]] void abort_job(const std::string& line);
+
 // What a rank's engine is doing, for the coordinator's stall reports.
 using StatusFn = std::function<std::string()>;
 
