@@ -237,12 +237,13 @@ def copy_bandwidth(comm, nbytes, iters=5):
 
 def shm_model_seconds(nbytes, local_size, per_rank_copy_bw, chunked=False):
     """Memory-traffic bound of algorithm 'shm' on one node of L ranks, S bytes, per rank. One pass:
-    copy-in (read S + write S), pairwise reduction of its S/L slice with L-1 peers
-    (read 2(L-1)/L S, write (L-1)/L S), copy-out (read S + write S). Chunk by chunk (above
+    copy-in of the (L-1)/L the peers reduce and of the reduced own slice (read S + write S),
+    pairwise reduction of its S/L slice with L-1 peers, in place (read 2(L-1)/L S, write (L-1)/L S),
+    copy-out of the peers' slices (read (L-1)/L S + write (L-1)/L S). Chunk by chunk (above
     pycomm._C.shm_pipeline_min_bytes) the window stays in cache and only the tensor crosses to
     memory: read S, write S."""
     L = local_size
-    traffic = 2 * nbytes if chunked else 4 * nbytes + 3 * (L - 1) / L * nbytes
+    traffic = 2 * nbytes if chunked else 2 * nbytes + 5 * (L - 1) / L * nbytes
     return traffic / per_rank_copy_bw
 
 

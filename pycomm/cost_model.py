@@ -20,8 +20,9 @@ ranks, M nodes of L ranks each:
 
     shm(S, L)    = sync + S delta + (L-1) S gamma_c                     up to 32 KiB (one fence:
                    every rank copies in and reduces the whole message from the L segments)
-                 = 3 sync + 2 S delta + (L-1)/L S gamma                 one pass
-                   (copy in, reduce the own slice with the L-1 peers' slices, copy out)
+                 = 3 sync + (2L-1)/L S delta + (L-1)/L S gamma          one pass
+                   (copy in the (L-1)/L the peers reduce, reduce the own slice in place with
+                   the L-1 peers' slices and copy it in, copy the L-1 peers' slices out)
                  = (2 ceil(S/C) + 1) sync + S delta + (L-1)/L S gamma_c  chunk by chunk, above the
                    pipeline threshold (shm_chunk_bytes C > 0): only the tensor goes to memory and
                    back (S delta: one copy's traffic), the slice reduction runs in cache
@@ -127,7 +128,8 @@ def _shm(S: float, L: int, m: Machine, chunk_bytes: int, chunked_above: Optional
     if chunk_bytes > 0 and chunked_above is not None and S > chunked_above:
         chunks = math.ceil(S / chunk_bytes)
         return (2 * chunks + 1) * m.sync + S * m.delta + (L - 1) / L * S * m.gamma_cache
-    return _shm_part(S, L, m)
+    # The own slice is reduced where it lies: S/L less copied than hierarchical's node-local share.
+    return _shm_part(S, L, m) - S / L * m.delta
 
 
 def shm_pipeline(local_size: int) -> Tuple[int, Optional[int]]:

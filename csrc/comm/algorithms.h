@@ -109,22 +109,26 @@ void windowed_fused_allreduce(const FusedTensors& tensors, ReduceOp op, bool pre
                               ShmWindow& shm, MPI_Comm cross, size_t chunk_bytes, size_t shm_chunk_bytes = 0);
 
 // Intra-node allreduce through a shared-memory window. Per rank, with L ranks
-// on the node and S bytes: copy-in (read S, write S), reduce its 1/L slice
-// straight from the L segments (read 2(L-1)/L S, write (L-1)/L S), copy the
-// L reduced slices out (read S, write S); three node barriers. Up to
+// on the node and S bytes: copy into its segment the (L-1)/L of the message
+// that the peers reduce, fence, reduce its own 1/L slice where it lies in the
+// tensor from the L-1 peers' segments (read 2(L-1)/L S, write (L-1)/L S) and
+// copy the result into its segment, fence, copy the peers' L-1 reduced slices
+// out ((L-1)/L S), fence: S copied in and (L-1)/L S out. Up to
 // kShmOneFenceBytes: one barrier, each rank reducing the whole message
 // (write S, read L S, reduce (L-1) S).
 //
 // Above `chunk_bytes` (and chunk_bytes > 0) the same three steps run chunk by
 // chunk through two halves of a 2 x chunk_bytes window, so the window stays
 // in the last-level cache and only the tensor itself travels to and from
-// DRAM: per chunk, copy it in, fence, reduce this rank's 1/L slice of it,
-// fence, copy the chunk's L slices out. Copying chunk c out and chunk c+1 in
-// are one phase: chunk c+2 reuses chunk c's half only after the fence that
+// DRAM: per chunk, copy in the (L-1)/L of it that the peers reduce, fence,
+// reduce this rank's own 1/L slice where it lies in the tensor (from the L-1
+// peers' segments) and copy the result into the window, fence, copy the
+// peers' L-1 reduced slices out. Copying chunk c out and chunk c+1 in are
+// one phase: chunk c+2 reuses chunk c's half only after the fence that
 // follows chunk c+1's copy-in, which every rank reaches after its copy-out
 // of chunk c. 2 ceil(S / chunk_bytes) + 1 barriers; DRAM traffic per rank
-// about 3 S (read the tensor, write it back) instead of about 5.5 S for a
-// window the size of the message. The chunk size must be the same on every
+// about 2 S (read the tensor, write it back) instead of 2 S + 5 (L-1)/L S
+// for a window the size of the message. The chunk size must be the same on every
 // rank (an engine option, agreed like the others). Chunked only where the
 // one-pass form's working set, L tensors and L segments of S, exceeds the
 // last-level cache: below that the one pass runs from cache and its fewer

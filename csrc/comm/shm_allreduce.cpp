@@ -100,56 +100,81 @@ void one_fence_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm) {
 // input to window memory `dst`; copy_out(begin, n, src) writes the node's reduction of those elements,
 // read from window memory `src`, to this rank's output. The plain allreduce copies one buffer; the
 // fused one gathers from and scatters to its tensors (packing and unpacking are the copies).
+//
+// `in_place`: this rank's flat data, read and written in place (the plain allreduce). Its own slice
+// of each chunk then never goes through the window: it is reduced where it lies, from the L-1 peers'
+// segments, and only the result is copied into the window for the peers. That saves a copy of S/L
+// per rank: copy-in and copy-out move (L-1)/L S each instead of S, and the publish moves S/L.
+// Alternating before and after, 2 ranks, bench/allreduce.py --algorithms shm (docs/benchmarks.md):
+// 1 MiB in one pass 72-75 -> 58-59 us, 16 MiB chunk by chunk 1.71-1.81 -> 1.47-1.71 ms.
+//
+// One chunk (chunk_bytes >= the message) is the one-pass form: its window is one half, not two, and
+// `one_pass`, its timeline phase, moves on to LOCAL_ALLGATHER at the copy-out.
 template <class CopyIn, class CopyOut>
 void chunked_allreduce(size_t count, DType dtype, ReduceOp op, ShmWindow& shm, size_t chunk_bytes, CopyIn copy_in,
-                       CopyOut copy_out) {
+                       CopyOut copy_out, char* in_place = nullptr, timeline::Phase* one_pass = nullptr) {
   const size_t esize = kernels::dtype_size(dtype);
   const int L = shm.size(), me = shm.rank();
   // Whole elements, whole cache lines: each half starts on a 64-byte boundary.
   const size_t chunk_elems = std::max<size_t>(((chunk_bytes + 63) & ~size_t(63)) / esize, 1);
   const size_t half_bytes = (chunk_elems * esize + 63) & ~size_t(63);
-  shm.reserve(2 * half_bytes);  // settles first
   const size_t chunks = (count + chunk_elems - 1) / chunk_elems;
+  shm.reserve(chunks > 1 ? 2 * half_bytes : half_bytes);  // settles first
   auto chunk_len = [&](size_t c) { return std::min(chunk_elems, count - c * chunk_elems); };
   StageClock clock;
-  copy_in(0, chunk_len(0), shm.mine());
-  clock.mark(stage_clock::kCopyIn, stage_clock::copy_bytes(chunk_len(0) * esize));
+  // Chunk c into window half `dst`: all of it, or in place all but this rank's own slice.
+  auto copy_chunk_in = [&](size_t c, char* dst) {
+    const size_t begin = c * chunk_elems, len = chunk_len(c);
+    if (!in_place) {
+      copy_in(begin, len, dst);
+      return clock.mark(stage_clock::kCopyIn, stage_clock::copy_bytes(len * esize));
+    }
+    const size_t s_begin = part_begin(len, L, me), s_end = s_begin + part_size(len, L, me);
+    if (s_begin) copy_in(begin, s_begin, dst);
+    if (s_end < len) copy_in(begin + s_end, len - s_end, dst + s_end * esize);
+    clock.mark(stage_clock::kCopyIn, stage_clock::copy_bytes((len - (s_end - s_begin)) * esize));
+  };
+  copy_chunk_in(0, shm.mine());
   for (size_t c = 0; c < chunks; ++c) {
     const size_t offset = (c & 1) * half_bytes, begin = c * chunk_elems, len = chunk_len(c);
     shm.fence();  // chunk c is in every segment's half
     clock.mark(stage_clock::kBarrier);
     const size_t s_begin = part_begin(len, L, me), s_len = part_size(len, L, me);
-    char* dst = shm.mine() + offset + s_begin * esize;
+    char* dst = in_place ? in_place + (begin + s_begin) * esize : shm.mine() + offset + s_begin * esize;
     for (int k = 1; k < L; ++k) {
       const int peer = (me + k) % L;  // a different first peer on every rank spreads the load
       kernels::reduce_cpu(dst, shm.segment(peer) + offset + s_begin * esize, s_len, dtype, op);
     }
     clock.mark(stage_clock::kReduce, stage_clock::reduction_bytes(s_len * esize, L - 1));
+    if (in_place) {  // the peers copy this rank's slice out of its window
+      std::memcpy(shm.mine() + offset + s_begin * esize, dst, s_len * esize);
+      clock.mark(stage_clock::kCopyIn, stage_clock::copy_bytes(s_len * esize));
+    }
     shm.fence();  // every slice of chunk c is reduced
     clock.mark(stage_clock::kBarrier);
-    for (int k = 0; k < L; ++k) {
+    if (one_pass) one_pass->next("LOCAL_ALLGATHER");
+    for (int k = in_place ? 1 : 0; k < L; ++k) {
       const int owner = (me + k) % L;
       const size_t o_begin = part_begin(len, L, owner), o_len = part_size(len, L, owner);
       if (o_len) copy_out(begin + o_begin, o_len, shm.segment(owner) + offset + o_begin * esize);
     }
-    clock.mark(stage_clock::kCopyOut, stage_clock::copy_bytes(len * esize));
+    clock.mark(stage_clock::kCopyOut, stage_clock::copy_bytes((in_place ? len - s_len : len) * esize));
     // Chunk c+1 goes to the other half, which chunk c-1 used: every rank copied chunk c-1 out
     // before the first fence of chunk c.
-    if (c + 1 < chunks) {
-      copy_in(begin + chunk_elems, chunk_len(c + 1), shm.mine() + ((c + 1) & 1) * half_bytes);
-      clock.mark(stage_clock::kCopyIn, stage_clock::copy_bytes(chunk_len(c + 1) * esize));
-    }
+    if (c + 1 < chunks) copy_chunk_in(c + 1, shm.mine() + ((c + 1) & 1) * half_bytes);
   }
   shm.fence();  // nobody reads the window any more: it is free for any other use
   clock.mark(stage_clock::kBarrier);
 }
 
-void pipelined_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, size_t chunk_bytes) {
+void pipelined_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, size_t chunk_bytes,
+                         timeline::Phase* one_pass) {
   const size_t esize = kernels::dtype_size(buf.dtype);
   chunked_allreduce(
       buf.count, buf.dtype, op, shm, chunk_bytes,
       [&](size_t begin, size_t n, char* dst) { std::memcpy(dst, buf.bytes_at(begin), n * esize); },
-      [&](size_t begin, size_t n, const char* src) { std::memcpy(buf.bytes_at(begin), src, n * esize); });
+      [&](size_t begin, size_t n, const char* src) { std::memcpy(buf.bytes_at(begin), src, n * esize); },
+      static_cast<char*>(buf.data), one_pass);
 }
 
 // The fused batch chunk by chunk: a chunk's flat range gathered from the tensors that overlap it,
@@ -290,12 +315,11 @@ void shm_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, size_t chunk_
   }
   if (chunk_bytes > 0 && buf.bytes() > shm_pipeline_min_bytes(shm.size(), chunk_bytes)) {
     timeline::Phase phase("LOCAL_PIPELINED_ALLREDUCE");
-    return pipelined_allreduce(buf, op, shm, chunk_bytes);
+    return pipelined_allreduce(buf, op, shm, chunk_bytes, nullptr);
   }
+  // One pass: the chunked schedule with one chunk, the whole message.
   timeline::Phase phase("LOCAL_REDUCE_SCATTER");
-  shm_detail::reduce_scatter_into_segments(buf, op, shm);
-  phase.next("LOCAL_ALLGATHER");
-  shm_detail::allgather_from_segments(buf, shm);
+  pipelined_allreduce(buf, op, shm, buf.bytes(), &phase);
 }
 
 }  // namespace comm

@@ -380,13 +380,16 @@ def test_stage_clock_counts_the_bytes_of_each_algorithms_schedule():
     L, me = topo.local_size, topo.local_rank
     if topo.num_nodes > 1 or L == 1:
         return
-    # shm in one pass: copy in, fence, reduce own slice with L-1 peers, fence, copy out, fence.
+    # shm in one pass: copy in all but the own slice, fence, reduce the own slice in place with L-1 peers
+    # and copy it in (a second copy-in mark), fence, copy out the peers' slices, fence.
     assert S <= pycomm._C.shm_pipeline_min_bytes(L, pycomm.get_options()["shm_chunk_bytes"])
     totals = stage_totals(lambda: pycomm.allreduce(x, algorithm="shm"))
-    expect_stages(totals, {"copy_in": 2 * S, "reduce": 3 * (L - 1) * part_size(count, L, me) * E, "copy_out": 2 * S},
-                  {"copy_in": 1, "reduce": 1, "copy_out": 1, "barrier": 3}, "shm in one pass")
+    own = part_size(count, L, me) * E
+    expect_stages(totals, {"copy_in": 2 * S, "reduce": 3 * (L - 1) * own, "copy_out": 2 * (S - own)},
+                  {"copy_in": 2, "reduce": 1, "copy_out": 1, "barrier": 3}, "shm in one pass")
 
-    # shm chunk by chunk: per chunk copy in, fence, reduce own slice of the chunk, fence, copy out; a last fence.
+    # shm chunk by chunk, per chunk: copy in all but the own slice, fence, reduce the own slice in the
+    # tensor and copy it into the window (a second copy-in mark), fence, copy out the peers' slices; a last fence.
     old = pycomm.get_options()["shm_chunk_bytes"]
     chunk_bytes = 40_000
     try:
@@ -398,9 +401,10 @@ def test_stage_clock_counts_the_bytes_of_each_algorithms_schedule():
         totals = stage_totals(lambda: pycomm.allreduce(y, algorithm="shm"))
     finally:
         pycomm.set_options(shm_chunk_bytes=old)
-    expect_stages(totals, {"copy_in": 2 * n * E, "copy_out": 2 * n * E,
-                           "reduce": 3 * (L - 1) * E * sum(part_size(c, L, me) for c in lens)},
-                  {"copy_in": len(lens), "reduce": len(lens), "copy_out": len(lens), "barrier": 2 * len(lens) + 1},
+    own = [part_size(c, L, me) for c in lens]
+    expect_stages(totals, {"copy_in": 2 * n * E, "copy_out": 2 * (n - sum(own)) * E,
+                           "reduce": 3 * (L - 1) * E * sum(own)},
+                  {"copy_in": 2 * len(lens), "reduce": len(lens), "copy_out": len(lens), "barrier": 2 * len(lens) + 1},
                   "shm chunk by chunk")
 
     # Stopped, the clock counts nothing.

@@ -38,15 +38,15 @@ def test_mpi_takes_the_cheaper_of_doubling_and_rabenseifner():
 
 
 def test_shm():
-    # 3*3e-6 + 2*S*1e-10 + 1/2*S*2e-10 = 9e-6 + 2.097152e-4 + 1.048576e-4
-    assert predict("shm", S, M, ranks=2) == approx(3.235728e-4)
+    # 3*3e-6 + 3/2*S*1e-10 + 1/2*S*2e-10 = 9e-6 + 1.572864e-4 + 1.048576e-4
+    assert predict("shm", S, M, ranks=2) == approx(2.71144e-4)
 
 
 def test_shm_one_fence_up_to_32_kib():
     # 4 ranks, 32 KiB: 3e-6 + 32768*1e-10 + 3*32768*2e-10 (gamma_c unset: gamma) = 3e-6 + 3.2768e-6 + 1.96608e-5
     assert predict("shm", 32 << 10, M, ranks=4) == approx(2.593760e-5)
-    # one byte more: the three-fence form, 9e-6 + 2*32769*1e-10 + 3/4*32769*2e-10
-    assert predict("shm", (32 << 10) + 1, M, ranks=4) == approx(9e-6 + 6.5538e-6 + 4.91535e-6)
+    # one byte more: the three-fence form, 9e-6 + 7/4*32769*1e-10 + 3/4*32769*2e-10
+    assert predict("shm", (32 << 10) + 1, M, ranks=4) == approx(9e-6 + 5.734575e-6 + 4.91535e-6)
 
 
 def test_shm_chunk_by_chunk_above_the_pipeline_threshold():
@@ -55,8 +55,8 @@ def test_shm_chunk_by_chunk_above_the_pipeline_threshold():
     assert predict("shm", S, Mc, ranks=2, shm_chunk_bytes=256 << 10, shm_chunked_above=512 << 10) == approx(
         2.7e-5 + 1.048576e-4 + 2.62144e-5)
     # at or below the threshold, or with chunking off: the one-pass form
-    assert predict("shm", S, Mc, ranks=2, shm_chunk_bytes=256 << 10, shm_chunked_above=S) == approx(3.235728e-4)
-    assert predict("shm", S, Mc, ranks=2, shm_chunk_bytes=0, shm_chunked_above=512 << 10) == approx(3.235728e-4)
+    assert predict("shm", S, Mc, ranks=2, shm_chunk_bytes=256 << 10, shm_chunked_above=S) == approx(2.71144e-4)
+    assert predict("shm", S, Mc, ranks=2, shm_chunk_bytes=0, shm_chunked_above=512 << 10) == approx(2.71144e-4)
 
 
 def test_gamma_c_is_optional_in_stored_constants():
@@ -97,7 +97,7 @@ def test_nothing_to_do_costs_nothing():
 
 
 def test_best_and_auto_table_follow_the_crossover():
-    # mpi: 2.0192e-6 at 8 B beats shm's 9e-6 of fences; at 1 MiB shm (3.2e-4) beats mpi (1.7e-3).
+    # mpi: 2.0192e-6 at 8 B beats shm's 9e-6 of fences; at 1 MiB shm (2.7e-4) beats mpi (1.7e-3).
     assert cost_model.best(8, M, ranks=4)[0] == "mpi"
     assert cost_model.best(S, M, ranks=4)[0] == "shm"
     table = cost_model.auto_table(M, ranks=4, min_bytes=8, max_bytes=1 << 24)
