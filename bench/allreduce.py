@@ -361,6 +361,9 @@ def main(argv=None):
                    help="also time every pycomm algorithm with the engine's stage clock running and print where "
                         "its time goes: copy-in, reduction, copy-out, barrier and MPI, each with its bytes' rate "
                         "against the copy bandwidth, and the rest of the call")
+    p.add_argument("--window-stores", default="auto", choices=("auto", "cached", "streaming"),
+                   help="how every rank copies into the shm window (pycomm._C.set_window_stores): measured per "
+                        "rank (auto), or always with ordinary or streaming stores")
     p.add_argument("--testbed", metavar="HOSTSxRANKS",
                    help="run inside emulated hosts joined by a shaped link, e.g. 2x2 (pycomm-testbed; needs root)")
     p.add_argument("--link-gbps", type=float, default=1.0, help="link rate of --testbed, Gbit/s")
@@ -373,6 +376,7 @@ def main(argv=None):
     if args.ranks_per_node:
         os.environ["PYCOMM_RANKS_PER_NODE"] = str(args.ranks_per_node)
     pycomm.init()
+    pycomm._C.set_window_stores(args.window_stores)
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD

@@ -8,6 +8,7 @@
 #include "../comm/device_event.h"
 #include "../comm/engine.h"
 #include "../comm/memory_mover.h"
+#include "../comm/window_copy.h"
 #include "bindings.h"
 #ifdef PYCOMM_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -658,6 +659,24 @@ void register_comm(py::module_& m) {
 
   m.def("allreduce_async", &allreduce_async, py::arg("input"), py::arg("output"), py::arg("op"), py::arg("average"),
         py::arg("algorithm"), py::arg("name") = "", py::arg("blocking") = false, py::arg("group") = 0);
+  m.def("set_window_stores", [](const std::string& name) {
+    try {
+      comm::window_copy::set_stores(comm::window_copy::parse_stores(name));
+    } catch (const comm::CommError& e) {
+      throw py::value_error(e.what());
+    }
+  }, py::arg("stores"),
+     "How this process copies into the shm window: 'auto' (measured, per engine thread; the default), "
+     "'cached' or 'streaming' (comm/window_copy.h).");
+  m.def("window_copy_totals", [] {
+    const comm::window_copy::Totals t = comm::window_copy::totals();
+    py::dict d;
+    d["cached_bytes"] = t.cached_bytes;
+    d["streamed_bytes"] = t.streamed_bytes;
+    d["switches"] = t.switches;
+    return d;
+  }, "Bytes this process has copied into the shm window with ordinary and with streaming stores, and the "
+     "changes of method 'auto' has made.");
   m.def("shm_pipeline_min_bytes", &comm::shm_pipeline_min_bytes, py::arg("local_size"), py::arg("chunk_bytes"),
         "The smallest message the shm allreduce runs chunk by chunk on a node of `local_size` ranks.");
   m.def("grouped_allreduce_async", &grouped_allreduce_async, py::arg("inputs"), py::arg("outputs"), py::arg("op"),

@@ -13,6 +13,7 @@
 #include "shm_window.h"
 #include "stage_clock.h"
 #include "timeline.h"
+#include "window_copy.h"
 
 namespace pycomm {
 namespace comm {
@@ -81,11 +82,11 @@ using stage_clock::StageClock;
 // L S, reduce (L-1) S; one node barrier. The three-fence form moves less
 // (each rank reduces 1/L) but pays two more barriers, which dominate below
 // kShmOneFenceBytes (bench/latency.py --sizes).
-void one_fence_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm) {
+void one_fence_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, const window_copy::WindowCall& call) {
   const size_t bytes = buf.bytes();
   const size_t offset = shm.take_half(bytes);
   StageClock clock;
-  std::memcpy(shm.mine() + offset, buf.data, bytes);
+  call.copy(shm.mine() + offset, buf.data, bytes);
   clock.mark(stage_clock::kCopyIn, stage_clock::copy_bytes(bytes));
   shm.fence();
   clock.mark(stage_clock::kBarrier);
@@ -111,8 +112,9 @@ void one_fence_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm) {
 // One chunk (chunk_bytes >= the message) is the one-pass form: its window is one half, not two, and
 // `one_pass`, its timeline phase, moves on to LOCAL_ALLGATHER at the copy-out.
 template <class CopyIn, class CopyOut>
-void chunked_allreduce(size_t count, DType dtype, ReduceOp op, ShmWindow& shm, size_t chunk_bytes, CopyIn copy_in,
-                       CopyOut copy_out, char* in_place = nullptr, timeline::Phase* one_pass = nullptr) {
+void chunked_allreduce(size_t count, DType dtype, ReduceOp op, ShmWindow& shm, size_t chunk_bytes,
+                       const window_copy::WindowCall& call, CopyIn copy_in, CopyOut copy_out, char* in_place = nullptr,
+                       timeline::Phase* one_pass = nullptr) {
   const size_t esize = kernels::dtype_size(dtype);
   const int L = shm.size(), me = shm.rank();
   // Whole elements, whole cache lines: each half starts on a 64-byte boundary.
@@ -147,7 +149,7 @@ void chunked_allreduce(size_t count, DType dtype, ReduceOp op, ShmWindow& shm, s
     }
     clock.mark(stage_clock::kReduce, stage_clock::reduction_bytes(s_len * esize, L - 1));
     if (in_place) {  // the peers copy this rank's slice out of its window
-      std::memcpy(shm.mine() + offset + s_begin * esize, dst, s_len * esize);
+      call.copy(shm.mine() + offset + s_begin * esize, dst, s_len * esize);
       clock.mark(stage_clock::kCopyIn, stage_clock::copy_bytes(s_len * esize));
     }
     shm.fence();  // every slice of chunk c is reduced
@@ -168,11 +170,11 @@ void chunked_allreduce(size_t count, DType dtype, ReduceOp op, ShmWindow& shm, s
 }
 
 void pipelined_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, size_t chunk_bytes,
-                         timeline::Phase* one_pass) {
+                         const window_copy::WindowCall& call, timeline::Phase* one_pass) {
   const size_t esize = kernels::dtype_size(buf.dtype);
   chunked_allreduce(
-      buf.count, buf.dtype, op, shm, chunk_bytes,
-      [&](size_t begin, size_t n, char* dst) { std::memcpy(dst, buf.bytes_at(begin), n * esize); },
+      buf.count, buf.dtype, op, shm, chunk_bytes, call,
+      [&](size_t begin, size_t n, char* dst) { call.copy(dst, buf.bytes_at(begin), n * esize); },
       [&](size_t begin, size_t n, const char* src) { std::memcpy(buf.bytes_at(begin), src, n * esize); },
       static_cast<char*>(buf.data), one_pass);
 }
@@ -194,11 +196,12 @@ void pipelined_fused_allreduce(const FusedTensors& t, size_t total, ReduceOp op,
     }
   };
   const double inv_n = 1.0 / static_cast<double>(t.world_size);
+  window_copy::WindowCall call(total * esize);
   chunked_allreduce(
-      total, t.dtype, op, shm, chunk_bytes,
+      total, t.dtype, op, shm, chunk_bytes, call,
       [&](size_t begin, size_t n, char* dst) {
         pieces(begin, n, [&](size_t k, size_t at, size_t off, size_t len) {
-          std::memcpy(dst + off * esize, static_cast<const char*>(t.srcs[k]) + at * esize, len * esize);
+          call.copy(dst + off * esize, static_cast<const char*>(t.srcs[k]) + at * esize, len * esize);
         });
         if (pre_divide) kernels::scale_cpu(dst, n, t.dtype, inv_n);
       },
@@ -208,6 +211,7 @@ void pipelined_fused_allreduce(const FusedTensors& t, size_t total, ReduceOp op,
           kernels::fusion_unpack_cpu(src + off * esize, &dst, &len, 1, t.dtype, unpack_scale);
         });
       });
+  call.finish();
 }
 
 // The last-level cache that CPU 0 sees (every rank of a node reads the same value): the kernel's
@@ -309,17 +313,19 @@ void windowed_fused_allreduce(const FusedTensors& t, ReduceOp op, bool pre_divid
 
 void shm_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, size_t chunk_bytes) {
   if (buf.count == 0 || shm.size() == 1) return;
+  window_copy::WindowCall call(buf.bytes());
   if (buf.bytes() <= kShmOneFenceBytes) {
     timeline::Phase phase("LOCAL_ALLREDUCE");
-    return one_fence_allreduce(buf, op, shm);
-  }
-  if (chunk_bytes > 0 && buf.bytes() > shm_pipeline_min_bytes(shm.size(), chunk_bytes)) {
+    one_fence_allreduce(buf, op, shm, call);
+  } else if (chunk_bytes > 0 && buf.bytes() > shm_pipeline_min_bytes(shm.size(), chunk_bytes)) {
     timeline::Phase phase("LOCAL_PIPELINED_ALLREDUCE");
-    return pipelined_allreduce(buf, op, shm, chunk_bytes, nullptr);
+    pipelined_allreduce(buf, op, shm, chunk_bytes, call, nullptr);
+  } else {
+    // One pass: the chunked schedule with one chunk, the whole message.
+    timeline::Phase phase("LOCAL_REDUCE_SCATTER");
+    pipelined_allreduce(buf, op, shm, buf.bytes(), call, &phase);
   }
-  // One pass: the chunked schedule with one chunk, the whole message.
-  timeline::Phase phase("LOCAL_REDUCE_SCATTER");
-  pipelined_allreduce(buf, op, shm, buf.bytes(), &phase);
+  call.finish();
 }
 
 }  // namespace comm

@@ -281,6 +281,44 @@ def test_shm_chunk_by_chunk(dtype, op, comm):
         pycomm.set_options(shm_chunk_bytes=old)
 
 
+@pytest.mark.parametrize("stores", ["cached", "streaming", "auto"])
+def test_shm_window_stores(stores, comm):
+    """The copies into the shm window with ordinary or streaming stores (pycomm._C.set_window_stores), and
+    the measured choice between them: sums against the float64 reference and bitwise across ranks, at
+    counts that leave unaligned heads and tails (a view one element into its storage, odd counts), in one
+    fence, in one pass and chunk by chunk (odd chunk size)."""
+    rank, size, L = pycomm.rank(), pycomm.size(), pycomm.local_size()
+    if size == 1 or pycomm.num_nodes() > 1:
+        pytest.skip("the shm window is used on one node of several ranks")
+    old = pycomm.get_options()["shm_chunk_bytes"]
+    before = pycomm._C.window_copy_totals()
+    pycomm._C.set_window_stores(stores)
+    try:
+        pycomm.set_options(shm_chunk_bytes=40_003)
+        chunked = pycomm._C.shm_pipeline_min_bytes(L, 40_003) // 4 + 1_001
+        for n in (5_001, 70_001, chunked):
+            for call in range(12 if stores == "auto" else 1):  # auto tries the other stores on its 4th call
+                seed = 1400 + n % 89 + call
+                x = torch.cat([torch.zeros(1), rank_data(rank, n, torch.float32, seed=seed)])[1:]
+                y = pycomm.allreduce(x, algorithm="shm")
+                assert_close(y, "sum", size, torch.float32, seed=seed, what=f"shm, {stores} stores [{n}]")
+                copies = gather_bytes(comm, y)
+                assert all(c == copies[0] for c in copies), f"ranks hold different results ({stores} stores, {n})"
+    finally:
+        pycomm._C.set_window_stores("auto")
+        pycomm.set_options(shm_chunk_bytes=old)
+    after = pycomm._C.window_copy_totals()
+    cached, streamed = (after[k] - before[k] for k in ("cached_bytes", "streamed_bytes"))
+    if stores == "cached":
+        assert cached > 0 and streamed == 0, (cached, streamed)
+    elif stores == "streaming":
+        assert streamed > 0 and cached == 0, (cached, streamed)
+    else:
+        assert cached > 0 and streamed > 0, (cached, streamed)  # both measured
+    with pytest.raises(ValueError, match="choose auto, cached or streaming"):
+        pycomm._C.set_window_stores("uncached")
+
+
 def test_shm_in_one_pass_and_in_chunks_agree_for_two_ranks(comm):
     """With 2 ranks each element is a + b either way, so both forms give bitwise the same sum."""
     if pycomm.size() != 2 or pycomm.num_nodes() > 1:
