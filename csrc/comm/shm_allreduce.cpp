@@ -270,9 +270,12 @@ void windowed_fused_allreduce(const FusedTensors& t, ReduceOp op, bool pre_divid
     return pipelined_fused_allreduce(t, total, op, pre_divide, unpack_scale, shm, shm_chunk_bytes);
   const int L = shm.size(), me = shm.rank();
   shm.reserve(total * esize);
+  // One node: the stores are chosen by this call's time (window_copy.h); across nodes the ring's
+  // time would drown the copy's, so ordinary stores.
+  window_copy::WindowCall call(cross == MPI_COMM_NULL ? total * esize : 0);
   StageClock clock;
   // Packing is the copy-in: the fused buffer is this rank's window segment.
-  kernels::fusion_pack_cpu(t.srcs.data(), t.counts.data(), t.counts.size(), shm.mine(), t.dtype);
+  call.pack(t.srcs.data(), t.counts.data(), t.counts.size(), shm.mine(), t.dtype);
   if (pre_divide) kernels::scale_cpu(shm.mine(), total, t.dtype, 1.0 / static_cast<double>(t.world_size));
   clock.mark(stage_clock::kCopyIn, stage_clock::copy_bytes(total * esize));
   shm.fence();
@@ -309,6 +312,7 @@ void windowed_fused_allreduce(const FusedTensors& t, ReduceOp op, bool pre_divid
   clock.mark(stage_clock::kCopyOut, stage_clock::copy_bytes(total * esize));
   shm.fence();
   clock.mark(stage_clock::kBarrier);
+  call.finish();
 }
 
 void shm_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, size_t chunk_bytes) {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "../kernels/fusion.h"
 #include "../kernels/stream_copy.h"
 #include "common.h"
 
@@ -57,6 +58,19 @@ void WindowCall::copy(void* dst, const void* src, size_t bytes) const {
     std::memcpy(dst, src, bytes);
     g_cached.fetch_add(bytes, std::memory_order_relaxed);
   }
+}
+
+void WindowCall::pack(const void* const* srcs, const size_t* counts, size_t num, char* dst,
+                      kernels::DType dtype) const {
+  const size_t esize = kernels::dtype_size(dtype);
+  if (streaming_) {
+    for (size_t k = 0; k < num; dst += counts[k++] * esize) copy(dst, srcs[k], counts[k] * esize);
+    return;
+  }
+  kernels::fusion_pack_cpu(srcs, counts, num, dst, dtype);
+  size_t total = 0;
+  for (size_t k = 0; k < num; ++k) total += counts[k];
+  g_cached.fetch_add(total * esize, std::memory_order_relaxed);
 }
 
 void WindowCall::finish() {

@@ -21,6 +21,8 @@
 #include <cstdint>
 #include <string>
 
+#include "../kernels/dtype.h"
+
 namespace pycomm {
 namespace comm {
 namespace window_copy {
@@ -47,6 +49,9 @@ class WindowCall {
   WindowCall& operator=(const WindowCall&) = delete;
 
   void copy(void* dst, const void* src, size_t bytes) const;  // into window memory `dst`
+  // Tensors `srcs` (counts[k] elements of `dtype` each) back to back into window memory `dst`;
+  // ordinary stores go through the fusion kernel (kernels/fusion.h), which splits large packs over threads.
+  void pack(const void* const* srcs, const size_t* counts, size_t num, char* dst, kernels::DType dtype) const;
   void finish();
 
  private:

@@ -226,6 +226,30 @@ def test_fused_batch_above_the_cache_runs_chunk_by_chunk(dtype, op):
         pycomm.set_options(shm_chunk_bytes=old["shm_chunk_bytes"], fusion_threshold_bytes=old["fusion_threshold_bytes"])
 
 
+@pytest.mark.parametrize("stores", ["cached", "streaming"])
+def test_fused_batch_packs_with_either_stores(stores):
+    """A fused batch packed into the window with ordinary or streaming stores (pycomm._C.set_window_stores):
+    odd sizes (unaligned tensor starts in the window), some results out of place, an average and an integer
+    sum, against the float64 reference; on one node the chosen stores carried the bytes."""
+    rank, size = pycomm.rank(), pycomm.size()
+    counts = [1, 4_099, 17, 30_001, 3]
+    before = pycomm._C.window_copy_totals()
+    pycomm._C.set_window_stores(stores)
+    try:
+        for dtype, op in ((torch.float32, "avg"), (torch.int64, "sum")):
+            xs = [rank_data(rank, n, dtype, seed=3100 + i) for i, n in enumerate(counts)]
+            outs = [torch.empty_like(x) if i % 2 else x for i, x in enumerate(xs)]
+            got = pycomm.grouped_allreduce(xs, op=op, outs=outs, name=f"packed.{dtype}")
+            for i, y in enumerate(got):
+                assert_close(y, op, size, dtype, seed=3100 + i, what=f"{stores} stores, tensor {i} {dtype}")
+    finally:
+        pycomm._C.set_window_stores("auto")
+    after = pycomm._C.window_copy_totals()
+    if size > 1 and pycomm.num_nodes() == 1:
+        key = "streamed_bytes" if stores == "streaming" else "cached_bytes"
+        assert after[key] > before[key], (before, after)
+
+
 # ---- real CUDA tensors (skipped without a GPU) -----------------------------------------------------
 
 from cuda_cases import needs_cuda, rank_device  # noqa: E402
