@@ -13,8 +13,9 @@
 // So the choice is measured, per engine thread and per size class of message: a WindowCall times
 // the whole call (copies, reduction and fences, so the peers' slower reads count too), and AUTO
 // keeps whichever method has the lower recent time per byte, trying the other one after 4 calls,
-// then after twice as many each time it loses, up to 1024. Every rank runs the same sequence of
-// calls, so the ranks try on the same calls. The bytes are the same either way: ranks need not agree.
+// then after twice as many each time it loses, up to 1024. The ranks run the same sequence of
+// calls, so they mostly try on the same calls (not always: a blocking call on an idle engine runs on
+// the caller's thread, whose state is its own). The bytes are the same either way: ranks need not agree.
 #pragma once
 #include <chrono>
 #include <cstddef>
