@@ -58,6 +58,12 @@ def grouped_step(grads):
     pycomm.grouped_allreduce(grads[::-1], op="avg", name="grad")
 
 
+def mlp_shapes():
+    """bench/train_throughput.py's MLP (784-1024-1024-10, 1,863,690 parameters, 7.1 MiB): one fused batch
+    below the shm pipeline threshold on 2 ranks, so it runs in one pass."""
+    return [(1024, 784), (1024,), (1024, 1024), (1024,), (10, 1024), (10,)]
+
+
 def small_shapes(n=400, seed=0):
     """A latency-bound model: `n` tensors of 1-4 KiB (256-1024 float32), like a transformer's biases and norms."""
     import random
@@ -128,7 +134,8 @@ def run_model(label, shapes, comm, reps, default_threshold):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--models", default="resnet50,small", help="comma list of resnet50, small (400 tensors of 1-4 KiB)")
+    p.add_argument("--models", default="resnet50,small",
+                   help="comma list of resnet50, mlp (train_throughput.py's MLP), small (400 tensors of 1-4 KiB)")
     p.add_argument("--json")
     args = p.parse_args(argv)
     pycomm.init()
@@ -136,11 +143,12 @@ def main(argv=None):
 
     comm = MPI.COMM_WORLD
     default_threshold = pycomm.get_options()["fusion_threshold_bytes"]
-    models = {"resnet50": ("ResNet-50 gradients", resnet50_shapes), "small": ("400 tensors of 1-4 KiB", small_shapes)}
+    models = {"resnet50": ("ResNet-50 gradients", resnet50_shapes), "mlp": ("MLP gradients", mlp_shapes),
+              "small": ("400 tensors of 1-4 KiB", small_shapes)}
     out = []
     for m in args.models.split(","):
         if m not in models:
-            p.error(f"unknown model {m!r}; choose resnet50 or small")
+            p.error(f"unknown model {m!r}; choose resnet50, mlp or small")
         out.append(run_model(models[m][0], models[m][1](), comm, args.reps, default_threshold))
     if comm.rank == 0 and args.json:
         with open(args.json, "w") as f:

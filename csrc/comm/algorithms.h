@@ -104,7 +104,8 @@ struct FusedTensors {
 // `pre_divide` scales by 1/N before reducing (fp16/bf16 averages);
 // `unpack_scale` is applied on the way out (1/N for other averages).
 // On one node, batches above shm_pipeline_min_bytes run chunk by chunk as shm_allreduce does, the
-// packing and unpacking being each chunk's copies.
+// packing and unpacking being each chunk's copies; below, in one pass whose own slice is reduced in
+// place in the result tensors as shm_allreduce's is (only the other (L-1)/L is packed and unpacked).
 void windowed_fused_allreduce(const FusedTensors& tensors, ReduceOp op, bool pre_divide, double unpack_scale,
                               ShmWindow& shm, MPI_Comm cross, size_t chunk_bytes, size_t shm_chunk_bytes = 0);
 

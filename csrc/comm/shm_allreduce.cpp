@@ -179,22 +179,32 @@ void pipelined_allreduce(const Buffer& buf, ReduceOp op, ShmWindow& shm, size_t 
       static_cast<char*>(buf.data), one_pass);
 }
 
+// The pieces of a fused batch's flat range: `starts` holds each tensor's flat offset (and the total
+// last); calls fn(tensor, element offset in it, element offset in the range, length) for each piece
+// of [begin, begin + n).
+template <class Fn>
+void for_each_piece(const FusedTensors& t, const std::vector<size_t>& starts, size_t begin, size_t n, Fn fn) {
+  size_t k = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin()) - 1;
+  for (size_t done = 0; done < n; ++k) {
+    const size_t at = begin + done - starts[k], len = std::min(t.counts[k] - at, n - done);
+    if (len) fn(k, at, done, len);
+    done += len;
+  }
+}
+
+std::vector<size_t> fused_starts(const FusedTensors& t) {
+  std::vector<size_t> starts(t.counts.size() + 1, 0);
+  for (size_t k = 0; k < t.counts.size(); ++k) starts[k + 1] = starts[k] + t.counts[k];
+  return starts;
+}
+
 // The fused batch chunk by chunk: a chunk's flat range gathered from the tensors that overlap it,
 // pre-divided in the window (fp16/bf16 averages), scattered back with the unpack scale.
 void pipelined_fused_allreduce(const FusedTensors& t, size_t total, ReduceOp op, bool pre_divide, double unpack_scale,
                                ShmWindow& shm, size_t chunk_bytes) {
   const size_t esize = kernels::dtype_size(t.dtype);
-  std::vector<size_t> starts(t.counts.size() + 1, 0);  // flat offset of each tensor
-  for (size_t k = 0; k < t.counts.size(); ++k) starts[k + 1] = starts[k] + t.counts[k];
-  // Calls fn(tensor, element offset in it, element offset in the range, length) for each piece of [begin, begin + n).
-  auto pieces = [&](size_t begin, size_t n, auto fn) {
-    size_t k = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin()) - 1;
-    for (size_t done = 0; done < n; ++k) {
-      const size_t at = begin + done - starts[k], len = std::min(t.counts[k] - at, n - done);
-      if (len) fn(k, at, done, len);
-      done += len;
-    }
-  };
+  const std::vector<size_t> starts = fused_starts(t);
+  auto pieces = [&](size_t begin, size_t n, auto fn) { for_each_piece(t, starts, begin, n, fn); };
   const double inv_n = 1.0 / static_cast<double>(t.world_size);
   window_copy::WindowCall call(total * esize);
   chunked_allreduce(
@@ -259,6 +269,69 @@ size_t shm_pipeline_min_bytes(int local_size, size_t chunk_bytes) {
   return std::max(chunk_bytes, cache / (2 * static_cast<size_t>(std::max(local_size, 1))));
 }
 
+// One node, one pass: as the plain one pass, this rank's own slice of the flat batch is reduced
+// where it lies (in its result tensors) and only the result goes into the window; the other
+// (L-1)/L is packed into the window and, after the second fence, unpacked from the peers' segments.
+// The own slice is pre-divided (fp16/bf16 averages) before its reduction and takes the unpack scale
+// after its result is published, by the same kernels as the window's copies, so every rank holds
+// the same bits.
+void one_node_fused_allreduce(const FusedTensors& t, size_t total, ReduceOp op, bool pre_divide, double unpack_scale,
+                              ShmWindow& shm) {
+  const size_t esize = kernels::dtype_size(t.dtype);
+  const int L = shm.size(), me = shm.rank();
+  const size_t own_begin = part_begin(total, L, me), own_len = part_size(total, L, me);
+  const std::vector<size_t> starts = fused_starts(t);
+  const double inv_n = 1.0 / static_cast<double>(t.world_size);
+  shm.reserve(total * esize);
+  window_copy::WindowCall call(total * esize);
+  StageClock clock;
+  // Packing is the copy-in: the peers' slices of the batch go to this rank's window segment.
+  auto pack = [&](size_t begin, size_t n) {
+    for_each_piece(t, starts, begin, n, [&](size_t k, size_t at, size_t off, size_t len) {
+      call.copy(shm.mine() + (begin + off) * esize, static_cast<const char*>(t.srcs[k]) + at * esize, len * esize);
+    });
+    if (pre_divide && n) kernels::scale_cpu(shm.mine() + begin * esize, n, t.dtype, inv_n);
+  };
+  pack(0, own_begin);
+  pack(own_begin + own_len, total - own_begin - own_len);
+  clock.mark(stage_clock::kCopyIn, stage_clock::copy_bytes((total - own_len) * esize));
+  shm.fence();
+  clock.mark(stage_clock::kBarrier);
+  for_each_piece(t, starts, own_begin, own_len, [&](size_t k, size_t at, size_t off, size_t len) {
+    char* dst = static_cast<char*>(t.dsts[k]) + at * esize;
+    const char* src = static_cast<const char*>(t.srcs[k]) + at * esize;
+    if (dst != src) std::memcpy(dst, src, len * esize);
+    if (pre_divide) kernels::scale_cpu(dst, len, t.dtype, inv_n);
+    for (int j = 1; j < L; ++j) {
+      const int peer = (me + j) % L;  // the order of reduce_own_slice: the same bits as the window's form
+      kernels::reduce_cpu(dst, shm.segment(peer) + (own_begin + off) * esize, len, t.dtype, op);
+    }
+  });
+  clock.mark(stage_clock::kReduce, stage_clock::reduction_bytes(own_len * esize, L - 1));
+  // The peers unpack this rank's slice as it is in the window, unscaled.
+  for_each_piece(t, starts, own_begin, own_len, [&](size_t k, size_t at, size_t off, size_t len) {
+    char* dst = static_cast<char*>(t.dsts[k]) + at * esize;
+    call.copy(shm.mine() + (own_begin + off) * esize, dst, len * esize);
+    if (unpack_scale != 1.0) kernels::scale_cpu(dst, len, t.dtype, unpack_scale);
+  });
+  clock.mark(stage_clock::kCopyIn, stage_clock::copy_bytes(own_len * esize));
+  shm.fence();
+  clock.mark(stage_clock::kBarrier);
+  // Unpacking is the copy-out: the peers' slices, with the average's 1/N applied on the way.
+  for (int j = 1; j < L; ++j) {
+    const int owner = (me + j) % L;
+    const size_t o_begin = part_begin(total, L, owner);
+    for_each_piece(t, starts, o_begin, part_size(total, L, owner), [&](size_t k, size_t at, size_t off, size_t len) {
+      void* dst = static_cast<char*>(t.dsts[k]) + at * esize;
+      kernels::fusion_unpack_cpu(shm.segment(owner) + (o_begin + off) * esize, &dst, &len, 1, t.dtype, unpack_scale);
+    });
+  }
+  clock.mark(stage_clock::kCopyOut, stage_clock::copy_bytes((total - own_len) * esize));
+  shm.fence();
+  clock.mark(stage_clock::kBarrier);
+  call.finish();
+}
+
 void windowed_fused_allreduce(const FusedTensors& t, ReduceOp op, bool pre_divide, double unpack_scale,
                               ShmWindow& shm, MPI_Comm cross, size_t chunk_bytes, size_t shm_chunk_bytes) {
   const size_t esize = kernels::dtype_size(t.dtype);
@@ -268,11 +341,11 @@ void windowed_fused_allreduce(const FusedTensors& t, ReduceOp op, bool pre_divid
   if (cross == MPI_COMM_NULL && shm_chunk_bytes > 0 &&
       total * esize > shm_pipeline_min_bytes(shm.size(), shm_chunk_bytes))
     return pipelined_fused_allreduce(t, total, op, pre_divide, unpack_scale, shm, shm_chunk_bytes);
+  if (cross == MPI_COMM_NULL) return one_node_fused_allreduce(t, total, op, pre_divide, unpack_scale, shm);
   const int L = shm.size(), me = shm.rank();
   shm.reserve(total * esize);
-  // One node: the stores are chosen by this call's time (window_copy.h); across nodes the ring's
-  // time would drown the copy's, so ordinary stores.
-  window_copy::WindowCall call(cross == MPI_COMM_NULL ? total * esize : 0);
+  // Across nodes the ring's time would drown the copy's: ordinary stores, unless a process fixed them.
+  window_copy::WindowCall call(0);
   StageClock clock;
   // Packing is the copy-in: the fused buffer is this rank's window segment.
   call.pack(t.srcs.data(), t.counts.data(), t.counts.size(), shm.mine(), t.dtype);
@@ -281,16 +354,15 @@ void windowed_fused_allreduce(const FusedTensors& t, ReduceOp op, bool pre_divid
   shm.fence();
   clock.mark(stage_clock::kBarrier);
   clock.mark(stage_clock::kReduce, shm_detail::reduce_own_slice(total, t.dtype, op, shm));
-  if (cross != MPI_COMM_NULL) {
-    int cross_size = 1;
-    PYCOMM_MPI_CHECK(MPI_Comm_size(cross, &cross_size));
-    Buffer shard;
-    shard.dtype = t.dtype;
-    shard.data = shm.mine() + part_begin(total, L, me) * esize;
-    shard.count = part_size(total, L, me);
-    if (cross_size > 1 && shard.count) ring_allreduce(shard, op, cross, chunk_bytes);
-    clock.skip();  // the ring keeps its own stages
-  }
+  // Across nodes: this rank's reduced shard, in its segment, around the ring of its local rank.
+  int cross_size = 1;
+  PYCOMM_MPI_CHECK(MPI_Comm_size(cross, &cross_size));
+  Buffer shard;
+  shard.dtype = t.dtype;
+  shard.data = shm.mine() + part_begin(total, L, me) * esize;
+  shard.count = part_size(total, L, me);
+  if (cross_size > 1 && shard.count) ring_allreduce(shard, op, cross, chunk_bytes);
+  clock.skip();  // the ring keeps its own stages
   shm.fence();
   clock.mark(stage_clock::kBarrier);
   // Unpacking is the copy-out: each tensor is read straight from the

@@ -179,6 +179,21 @@ def test_grouped_allreduce_above_the_fusion_threshold_runs_in_several_batches(bl
         pycomm.set_options(fusion_threshold_bytes=old)
 
 
+# Half-precision averages are pre-divided by N in fp16/bf16, summed in fp32 and rounded once: 2^-11
+# (fp16) or 2^-8 (bf16) relative per input and on the result, for inputs with |x| <= 1.
+HALF_EPS = {torch.float16: 2 ** -11, torch.bfloat16: 2 ** -8}
+
+
+def check_fused_result(y, op, dtype, count, seed, what):
+    """One result of a fused batch against the float64 reference (half averages: rank_data with scale 1)."""
+    size = pycomm.size()
+    if dtype in HALF_EPS and op == "avg":
+        ref = torch.stack([rank_data(k, count, dtype, seed=seed, scale=1.0) for k in range(size)]).double().mean(0)
+        assert float((y.double() - ref).abs().max()) <= 2 * HALF_EPS[dtype], what
+    else:
+        assert_close(y, op, size, dtype, seed=seed, what=what)
+
+
 @pytest.mark.parametrize("dtype,op", [(torch.float32, "avg"), (torch.float16, "avg"), (torch.int64, "max")])
 def test_fused_batch_above_the_cache_runs_chunk_by_chunk(dtype, op):
     """A fused shm batch larger than shm_pipeline_min_bytes is packed and unpacked chunk by chunk:
@@ -212,14 +227,7 @@ def test_fused_batch_above_the_cache_runs_chunk_by_chunk(dtype, op):
         got = pycomm.grouped_allreduce(xs, op=op, algorithm="shm", outs=outs, name="big")
         assert pycomm.stats()["rounds"] - before["rounds"] == 1
         for i, y in enumerate(got):
-            if dtype == torch.float16:
-                ref = torch.stack([rank_data(k, counts[i], dtype, seed=3000 + i, scale=1.0)
-                                   for k in range(size)]).double().mean(0)
-                # Pre-divided by N in fp16, summed in fp32 and rounded once: 2^-11 relative per input
-                # and on the result, |x| <= 1.
-                assert float((y.double() - ref).abs().max()) <= 2 * 2 ** -11, f"big.{i}"
-            else:
-                assert_close(y, op, size, dtype, seed=3000 + i, what=f"big.{i}")
+            check_fused_result(y, op, dtype, counts[i], 3000 + i, f"big.{i}")
         assert pycomm.stats()["fused_tensors"] > before["fused_tensors"]
         assert pycomm.stats()["shm_segment_bytes"] < total * esize
     finally:
@@ -228,20 +236,27 @@ def test_fused_batch_above_the_cache_runs_chunk_by_chunk(dtype, op):
 
 @pytest.mark.parametrize("stores", ["cached", "streaming"])
 def test_fused_batch_packs_with_either_stores(stores):
-    """A fused batch packed into the window with ordinary or streaming stores (pycomm._C.set_window_stores):
-    odd sizes (unaligned tensor starts in the window), some results out of place, an average and an integer
-    sum, against the float64 reference; on one node the chosen stores carried the bytes."""
+    """A fused batch packed into the window with ordinary or streaming stores (pycomm._C.set_window_stores),
+    on one node with each rank's own slice reduced in place in its result tensors: odd sizes (unaligned
+    tensor starts in the window, tensors across slice boundaries), some results out of place, a float32
+    average (scaled on the way out), a pre-divided bfloat16 average and an integer sum, against the float64
+    reference and bitwise across ranks; on one node the chosen stores carried the bytes."""
+    from mpi4py import MPI
+
     rank, size = pycomm.rank(), pycomm.size()
     counts = [1, 4_099, 17, 30_001, 3]
     before = pycomm._C.window_copy_totals()
     pycomm._C.set_window_stores(stores)
     try:
-        for dtype, op in ((torch.float32, "avg"), (torch.int64, "sum")):
-            xs = [rank_data(rank, n, dtype, seed=3100 + i) for i, n in enumerate(counts)]
+        for dtype, op in ((torch.float32, "avg"), (torch.bfloat16, "avg"), (torch.int64, "sum")):
+            scale = 1.0 if dtype == torch.bfloat16 else 100.0
+            xs = [rank_data(rank, n, dtype, seed=3100 + i, scale=scale) for i, n in enumerate(counts)]
             outs = [torch.empty_like(x) if i % 2 else x for i, x in enumerate(xs)]
             got = pycomm.grouped_allreduce(xs, op=op, outs=outs, name=f"packed.{dtype}")
             for i, y in enumerate(got):
-                assert_close(y, op, size, dtype, seed=3100 + i, what=f"{stores} stores, tensor {i} {dtype}")
+                check_fused_result(y, op, dtype, counts[i], 3100 + i, f"{stores} stores, tensor {i} {dtype}")
+                raw = y.reshape(-1).view(torch.uint8).numpy().tobytes()
+                assert len(set(MPI.COMM_WORLD.allgather(raw))) == 1, f"ranks differ: tensor {i} {dtype}"
     finally:
         pycomm._C.set_window_stores("auto")
     after = pycomm._C.window_copy_totals()
