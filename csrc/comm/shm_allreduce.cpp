@@ -198,29 +198,39 @@ std::vector<size_t> fused_starts(const FusedTensors& t) {
   return starts;
 }
 
+// Packing: flat elements [begin, begin + n) of the batch gathered from its tensors into window
+// memory `dst`, pre-divided there by N for fp16/bf16 averages.
+void pack_flat_range(const FusedTensors& t, const std::vector<size_t>& starts, size_t begin, size_t n, char* dst,
+                     const window_copy::WindowCall& call, bool pre_divide) {
+  const size_t esize = kernels::dtype_size(t.dtype);
+  for_each_piece(t, starts, begin, n, [&](size_t k, size_t at, size_t off, size_t len) {
+    call.copy(dst + off * esize, static_cast<const char*>(t.srcs[k]) + at * esize, len * esize);
+  });
+  if (pre_divide && n) kernels::scale_cpu(dst, n, t.dtype, 1.0 / static_cast<double>(t.world_size));
+}
+
+// Unpacking: the node's reduction of flat elements [begin, begin + n), read from window memory
+// `src`, scattered to the batch's result tensors with the unpack scale.
+void unpack_flat_range(const FusedTensors& t, const std::vector<size_t>& starts, size_t begin, size_t n,
+                       const char* src, double unpack_scale) {
+  const size_t esize = kernels::dtype_size(t.dtype);
+  for_each_piece(t, starts, begin, n, [&](size_t k, size_t at, size_t off, size_t len) {
+    void* dst = static_cast<char*>(t.dsts[k]) + at * esize;
+    kernels::fusion_unpack_cpu(src + off * esize, &dst, &len, 1, t.dtype, unpack_scale);
+  });
+}
+
 // The fused batch chunk by chunk: a chunk's flat range gathered from the tensors that overlap it,
 // pre-divided in the window (fp16/bf16 averages), scattered back with the unpack scale.
 void pipelined_fused_allreduce(const FusedTensors& t, size_t total, ReduceOp op, bool pre_divide, double unpack_scale,
                                ShmWindow& shm, size_t chunk_bytes) {
   const size_t esize = kernels::dtype_size(t.dtype);
   const std::vector<size_t> starts = fused_starts(t);
-  auto pieces = [&](size_t begin, size_t n, auto fn) { for_each_piece(t, starts, begin, n, fn); };
-  const double inv_n = 1.0 / static_cast<double>(t.world_size);
   window_copy::WindowCall call(total * esize);
   chunked_allreduce(
       total, t.dtype, op, shm, chunk_bytes, call,
-      [&](size_t begin, size_t n, char* dst) {
-        pieces(begin, n, [&](size_t k, size_t at, size_t off, size_t len) {
-          call.copy(dst + off * esize, static_cast<const char*>(t.srcs[k]) + at * esize, len * esize);
-        });
-        if (pre_divide) kernels::scale_cpu(dst, n, t.dtype, inv_n);
-      },
-      [&](size_t begin, size_t n, const char* src) {
-        pieces(begin, n, [&](size_t k, size_t at, size_t off, size_t len) {
-          void* dst = static_cast<char*>(t.dsts[k]) + at * esize;
-          kernels::fusion_unpack_cpu(src + off * esize, &dst, &len, 1, t.dtype, unpack_scale);
-        });
-      });
+      [&](size_t begin, size_t n, char* dst) { pack_flat_range(t, starts, begin, n, dst, call, pre_divide); },
+      [&](size_t begin, size_t n, const char* src) { unpack_flat_range(t, starts, begin, n, src, unpack_scale); });
   call.finish();
 }
 
@@ -286,14 +296,9 @@ void one_node_fused_allreduce(const FusedTensors& t, size_t total, ReduceOp op, 
   window_copy::WindowCall call(total * esize);
   StageClock clock;
   // Packing is the copy-in: the peers' slices of the batch go to this rank's window segment.
-  auto pack = [&](size_t begin, size_t n) {
-    for_each_piece(t, starts, begin, n, [&](size_t k, size_t at, size_t off, size_t len) {
-      call.copy(shm.mine() + (begin + off) * esize, static_cast<const char*>(t.srcs[k]) + at * esize, len * esize);
-    });
-    if (pre_divide && n) kernels::scale_cpu(shm.mine() + begin * esize, n, t.dtype, inv_n);
-  };
-  pack(0, own_begin);
-  pack(own_begin + own_len, total - own_begin - own_len);
+  const size_t own_end = own_begin + own_len;
+  pack_flat_range(t, starts, 0, own_begin, shm.mine(), call, pre_divide);
+  pack_flat_range(t, starts, own_end, total - own_end, shm.mine() + own_end * esize, call, pre_divide);
   clock.mark(stage_clock::kCopyIn, stage_clock::copy_bytes((total - own_len) * esize));
   shm.fence();
   clock.mark(stage_clock::kBarrier);
@@ -321,10 +326,8 @@ void one_node_fused_allreduce(const FusedTensors& t, size_t total, ReduceOp op, 
   for (int j = 1; j < L; ++j) {
     const int owner = (me + j) % L;
     const size_t o_begin = part_begin(total, L, owner);
-    for_each_piece(t, starts, o_begin, part_size(total, L, owner), [&](size_t k, size_t at, size_t off, size_t len) {
-      void* dst = static_cast<char*>(t.dsts[k]) + at * esize;
-      kernels::fusion_unpack_cpu(shm.segment(owner) + (o_begin + off) * esize, &dst, &len, 1, t.dtype, unpack_scale);
-    });
+    unpack_flat_range(t, starts, o_begin, part_size(total, L, owner), shm.segment(owner) + o_begin * esize,
+                      unpack_scale);
   }
   clock.mark(stage_clock::kCopyOut, stage_clock::copy_bytes((total - own_len) * esize));
   shm.fence();
