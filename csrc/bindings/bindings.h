@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "../comm/common.h"
@@ -64,6 +65,11 @@ inline void order_current_stream(const comm::EventPtr& done) {
 // (-1: none to flush), so the last partial batch of a step is not held back a fusion cycle.
 void flush_before_waiting(const comm::Work& work, int64_t group);
 
+// t /= n in place, a correctly rounded quotient (IEEE division, bitwise torch's div_); t is a float32
+// or float64 tensor. A CUDA tensor is divided on the current stream; block_host: the host then waits
+// for that stream (comm.cpp).
+void divide_in_place(at::Tensor& t, int64_t n, bool block_host);
+
 // What Python holds for an asynchronous collective, compressed or not. The
 // tensors stay alive in the Work's keepalive until the engine is done with
 // them, even if the handle is dropped unwaited.
@@ -97,6 +103,7 @@ class Handle {
     }
     work_->wait();  // done: raises the operation's error, if any
     order_current_stream(work_->done_event());
+    divide_once(false);
     return result();
   }
   // wait(), then block the host until pycomm's device work has finished.
@@ -106,8 +113,13 @@ class Handle {
       work_->wait();
       if (comm::EventPtr done = work_->done_event()) done->synchronize();
     }
+    divide_once(true);
     return result();
   }
+  // pycomm.horovod's Average of float32/float64: the sum divided by `n`, the process set's size even
+  // while ranks have joined (docs/compatibility.md), done once when the result is first waited for,
+  // on the waiting thread: no Python call per tensor (bench/submit_cost.py, hvd.allreduce_async_).
+  void divide_result_by(int64_t n) { divide_by_ = n; }
   at::Tensor result() {
     if (gathered) {
       std::vector<int64_t> shape{gathered->rows};
@@ -126,10 +138,16 @@ class Handle {
   }
 
  private:
+  void divide_once(bool block_host) {
+    if (divide_by_ > 1) std::call_once(divided_, [&] { divide_in_place(result_, divide_by_, block_host); });
+  }
+
   comm::WorkPtr work_;
   at::Tensor result_;
   int64_t group_ = -1;
   std::shared_ptr<comm::CompressedStats> stats_;
+  int64_t divide_by_ = 0;
+  std::once_flag divided_;  // a second waiter returns once the first has divided
 };
 
 void register_comm(pybind11::module_& m);

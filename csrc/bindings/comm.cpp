@@ -145,6 +145,30 @@ std::function<at::Tensor(int64_t)> output_allocator(const at::TensorOptions& opt
 
 }  // namespace
 
+namespace {
+template <class T>
+void divide_elements(T* p, int64_t count, T n) {
+  for (int64_t i = 0; i < count; ++i) p[i] /= n;  // vectorized by the compiler; still IEEE division
+}
+}  // namespace
+
+void divide_in_place(at::Tensor& t, int64_t n, bool block_host) {
+  // Small host tensors (most gradients of a latency-bound step) divide here, without the dispatcher's
+  // microsecond; large ones through ATen, which splits the work over its threads.
+  constexpr int64_t kInlineElements = 1 << 16;
+  if (t.is_cpu() && t.is_contiguous() && t.numel() <= kInlineElements) {
+    if (t.scalar_type() == at::kFloat) return divide_elements(t.data_ptr<float>(), t.numel(), static_cast<float>(n));
+    if (t.scalar_type() == at::kDouble) return divide_elements(t.data_ptr<double>(), t.numel(), static_cast<double>(n));
+  }
+  t.detach().div_(n);  // detached: a leaf that requires grad is written without autograd, as Horovod does
+#ifdef PYCOMM_WITH_CUDA
+  if (block_host && t.is_cuda())
+    c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(t.get_device())).synchronize();
+#else
+  (void)block_host;
+#endif
+}
+
 // The caller waits for `work`, so allreduces queued behind it are not held back for a fusion cycle
 // (as the c10d backend's wait() does): the last partial batch of a step runs at once.
 void flush_before_waiting(const comm::Work& work, int64_t group) {
@@ -208,7 +232,7 @@ struct ReleaseGilIfWaiting final : comm::Engine::SubmitterHold {
 
 std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tensor& output, const std::string& op,
                                         bool average, const std::string& algorithm, const std::string& name,
-                                        bool blocking, int64_t group = 0) {
+                                        bool blocking, int64_t group, int64_t divide_by) {
   SubmitScope submit;
   comm::AllreduceArgs a;
   const bool in_place = input.is_same(output);
@@ -218,6 +242,10 @@ std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tenso
     throw py::value_error("allreduce: out must have the input's shape and dtype");
   a.op = parse_op(op);
   a.average = check_average(average, a.input.dtype);
+  if (divide_by != 1 && (divide_by < 1 || a.op != comm::ReduceOp::SUM || average ||
+                         (a.output.dtype != kernels::DType::F32 && a.output.dtype != kernels::DType::F64)))
+    throw py::value_error("allreduce: divide_by (" + std::to_string(divide_by) + ") divides the sum of a float32 or "
+                          "float64 tensor by a positive count; use op='sum' without average");
   a.algorithm = parse_algorithm(algorithm);
   a.name = name;
   a.shape = input.sizes().vec();
@@ -231,7 +259,9 @@ std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tenso
     ReleaseGilIfWaiting gil;  // taken again at the end of this block if it was let go
     work = engine.allreduce(std::move(a), std::move(kept), false, &gil);
   }
-  return std::make_shared<Handle>(std::move(work), output, group);
+  auto handle = std::make_shared<Handle>(std::move(work), output, group);
+  if (divide_by > 1) handle->divide_result_by(divide_by);
+  return handle;
 }
 
 // pycomm.grouped_allreduce: the allreduces of a list of tensors in one submission.
@@ -658,7 +688,10 @@ void register_comm(py::module_& m) {
   }, "The algorithm that `algorithm` (e.g. 'auto') means for a message of `bytes` on this topology.");
 
   m.def("allreduce_async", &allreduce_async, py::arg("input"), py::arg("output"), py::arg("op"), py::arg("average"),
-        py::arg("algorithm"), py::arg("name") = "", py::arg("blocking") = false, py::arg("group") = 0);
+        py::arg("algorithm"), py::arg("name") = "", py::arg("blocking") = false, py::arg("group") = 0,
+        py::arg("divide_by") = 1,
+        "The checked allreduce submission. divide_by > 1: the float32/float64 sum is divided by it when the "
+        "result is first waited for (pycomm.horovod's Average).");
   m.def("set_window_stores", [](const std::string& name) {
     try {
       comm::window_copy::set_stores(comm::window_copy::parse_stores(name));

@@ -185,6 +185,7 @@ def _named(name, what: str, start) -> int:
 
 
 def _register(handles, finish, keep=()) -> int:
+    """finish: returns the result once `handles` are waited for; None: the result is keep[0]."""
     h = next(_handles)
     _handle_map[h] = (list(handles), finish, tuple(keep))
     return h
@@ -199,18 +200,20 @@ def poll(handle: int) -> bool:
 
 def synchronize(handle: int):
     """Wait for the operation behind `handle` and return its result (None for an unknown handle, as Horovod)."""
-    if handle not in _handle_map:
+    entry = _handle_map.pop(handle, None)
+    if entry is None:
         return None
-    handles, finish, _keep = _handle_map.pop(handle)
-    name = _name_of.pop(handle, None)
-    if name is not None and _inflight.get(name) == handle:
-        del _inflight[name]
+    handles, finish, keep = entry
+    if _name_of:
+        name = _name_of.pop(handle, None)
+        if name is not None and _inflight.get(name) == handle:
+            del _inflight[name]
     try:
         for h in handles:
             h.wait()
     except pycomm.CommError as e:
         raise HorovodInternalError(str(e)) from e
-    return finish()
+    return keep[0] if finish is None else finish()
 
 
 # -- allreduce -------------------------------------------------------------------
@@ -260,6 +263,7 @@ def _postscale_(t, factor, n: int = 1) -> None:
 
 
 _HALF = (torch.float16, torch.bfloat16)
+_HANDLE_DIVIDES = (torch.float32, torch.float64)
 
 
 def _average_rule(op: int, dtype, n: int):
@@ -345,13 +349,16 @@ def _in_place_fast(tensor, name, op, blocking) -> Optional[int]:
     bench/submit_cost.py times it."""
     try:
         op, divisor = _average_rule(op, tensor.dtype, pycomm.size())
-        h = _C.allreduce_async(tensor, tensor, "sum", op == Average, "auto", name or "", blocking, 0)
+        # float32/float64: the handle divides the sum when it is waited for (Handle.divide_result_by),
+        # the same correctly rounded quotient as _postscale_, without a torch call per tensor.
+        divide_by = divisor if tensor.dtype in _HANDLE_DIVIDES else 1
+        h = _C.allreduce_async(tensor, tensor, "sum", op == Average, "auto", name or "", blocking, 0, divide_by)
     except (AttributeError, TypeError, ValueError):
         return None
     if not blocking and not name:
         _ops.note_unnamed(h, stacklevel=5)
-    if divisor == 1:
-        return _register([h], lambda: tensor, (tensor,))
+    if divisor == divide_by:
+        return _register([h], None, (tensor,))
 
     def finish():
         _postscale_(tensor.detach(), 1.0, divisor)  # a view: in place, without autograd (Horovod's semantics)
@@ -381,6 +388,16 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set: ProcessSet = global_process_set) -> int:
     """Start an in-place allreduce; ``synchronize(handle)`` returns `tensor`."""
+    # The common call (Average or Sum over all ranks, no scale factors, a name not in flight) goes
+    # straight to _in_place_fast; anything else, valid or not, takes the checked path below.
+    if average is None and (op is None or op == Average or op == Sum) and prescale_factor == 1.0 \
+            and postscale_factor == 1.0 and process_set is global_process_set and not (name and name in _inflight):
+        h = _in_place_fast(tensor, name, Average if op is None else op, False)
+        if h is not None:
+            if name:
+                _inflight[name] = h
+                _name_of[h] = name
+            return h
     op = _resolve_op(average, op, "allreduce_async_")
     return _in_place(tensor, name, op, prescale_factor, postscale_factor, process_set)
 

@@ -89,13 +89,14 @@ def test_allreduce_inplace_async_poll_synchronize():
     assert torch.all(y == n)
 
 
+@pytest.mark.parametrize("count", [1003, 70001])  # both sides of the handle's inline division (1 << 16)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.int32])
-def test_allreduce_inplace_average_is_the_sum_divided(dtype, comm):
+def test_allreduce_inplace_average_is_the_sum_divided(dtype, count, comm):
     """allreduce_async_ with hvd.Average (its in-place fast path) is Horovod's Average bit for bit: the
     sum divided by N (fp16: pycomm's pre-divided average, the same as op="avg"), on contiguous,
     non-contiguous (the checked path) and grad-requiring tensors alike."""
     n = hvd.size()
-    base = rank_data(hvd.rank(), 1003, torch.float64 if dtype.is_floating_point else torch.int64, seed=41)
+    base = rank_data(hvd.rank(), count, torch.float64 if dtype.is_floating_point else torch.int64, seed=41)
     base = base.to(dtype) if dtype.is_floating_point else (base * 100).to(dtype)
     summed = hvd.allreduce(base.clone(), op=hvd.Sum, name="avg_ref")
     if dtype == torch.float16:

@@ -73,6 +73,35 @@ def test_binding_refuses_an_integer_average(dtype):
     assert torch.equal(_C.allreduce_async(y, y.clone(), "sum", True, "auto", "", False, 0).wait(), y)
 
 
+@pytest.mark.parametrize("count", [1, 1003, 70001])  # both sides of the handle's inline division (1 << 16)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_binding_divides_the_sum_once(dtype, count):
+    # divide_by (pycomm.horovod's Average): the sum divided once, however often the handle is waited
+    # for, bit for bit torch's division of the same sum (IEEE division is correctly rounded). One
+    # rank: the sum is the input (tests/parallel/test_horovod_api.py checks 2-4 ranks).
+    from pycomm import _C
+
+    ref = torch.randn(count, dtype=dtype) * 1000
+    x = ref.clone()
+    h = _C.allreduce_async(x, x, "sum", False, "auto", "", False, 0, 3)
+    assert torch.equal(h.wait(), ref / 3)
+    assert torch.equal(h.wait(), ref / 3) and torch.equal(h.synchronize(), ref / 3)
+    y = ref.clone()
+    assert torch.equal(_C.allreduce_async(y, y, "sum", False, "auto", "", True, 0, 3).synchronize(), ref / 3)
+
+
+@pytest.mark.parametrize("divide_by,dtype,op,average", [
+    (0, torch.float32, "sum", False), (-2, torch.float32, "sum", False), (2, torch.int32, "sum", False),
+    (2, torch.float16, "sum", False), (2, torch.float32, "max", False), (2, torch.float32, "sum", True)])
+def test_binding_refuses_a_division_it_cannot_do(divide_by, dtype, op, average):
+    from pycomm import _C
+
+    x = torch.ones(4, dtype=dtype)
+    with pytest.raises(ValueError, match="divide_by"):
+        _C.allreduce_async(x, x, op, average, "auto", "", False, 0, divide_by)
+    assert torch.equal(pycomm.allreduce_async(x, op="max").wait(), torch.ones(4, dtype=dtype))
+
+
 @pytest.mark.parametrize("call", ALLREDUCE_CALLS)
 def test_parameters_and_integer_sums_take_the_common_path(call):
     p = torch.nn.Parameter(torch.randn(5))
