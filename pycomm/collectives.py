@@ -34,48 +34,33 @@ _VALID_OP_DTYPES = frozenset((op, dtype) for op in REDUCE_OPS for dtype in SUPPO
 _ALGORITHMS = frozenset(ALLREDUCE_ALGORITHMS)
 
 
-def allreduce_async(tensor: torch.Tensor, op: str = "sum", algorithm: str = "auto",
-                    out: Optional[torch.Tensor] = None, name: Optional[str] = None, _blocking: bool = False,
-                    compression: Union[str, Compressor] = "none", group: Optional[ProcessGroup] = None) -> Handle:
-    """Start an allreduce; ``handle.wait()`` returns the result tensor.
+_ALLREDUCE_ASYNC_DEFAULTS = dict(op="sum", algorithm="auto", out=None, name=None, _blocking=False,
+                                 compression="none", group=None)
+_ALLREDUCE_ASYNC_DOC = """allreduce_async(tensor, op='sum', algorithm='auto', out=None, name=None, _blocking=False, \
+compression='none', group=None)
+--
 
-    op: sum | avg | min | max. avg of fp16/bf16 divides by N before summing
-    (a sum of large fp16 values overflows before a later division could help).
-    algorithm: auto (by size and topology, see ``pycomm.resolve_algorithm``) |
-    ring (pycomm's pipelined ring) | mpi (MPI_Allreduce) | shm (one node,
-    through shared memory) | hierarchical (intra-node reduce-scatter, one
-    inter-node ring per local rank, intra-node allgather) |
-    hierarchical_master (reduce to each node's rank 0, ring among those,
-    broadcast back).
-    out: result tensor of the same shape and dtype; None reduces in place.
-    compression: none | fp16 | bf16 | onebit (float32 tensors, op avg or sum,
-    algorithm auto; onebit needs a name) or a pycomm.compression.Compressor;
-    see pycomm.compression.
-    group: a pycomm.new_group() group (default: all ranks).
-    """
-    if out is None and group is None and compression.__class__ is str and compression == "none" \
-            and _state.topology is not None and op.__class__ is str:
-        # The common call (in place, all ranks, uncompressed) goes straight to the engine's binding, which
-        # checks the tensor (dtype, device, layout, strides) and the algorithm before it queues anything
-        # (csrc/bindings/comm.cpp). What it refuses, avg of a non-float tensor included, takes the checked
-        # path below for its message (docs/benchmarks.md: 2.4-2.6 -> 1.9-2.0 us a call).
-        engine_op = ENGINE_OP.get(op)
-        if engine_op is not None:
-            try:
-                handle = _C.allreduce_async(tensor, tensor, engine_op[0], engine_op[1], algorithm, name or "",
-                                            _blocking, 0)
-            except (AttributeError, TypeError, ValueError):
-                pass
-            else:
-                if not _blocking and not name:
-                    _ops.note_unnamed(handle, stacklevel=3)
-                return handle
-    return _checked_allreduce_async(tensor, op, algorithm, out, name, _blocking, compression, group)
+Start an allreduce; ``handle.wait()`` returns the result tensor.
+
+op: sum | avg | min | max. avg of fp16/bf16 divides by N before summing
+(a sum of large fp16 values overflows before a later division could help).
+algorithm: auto (by size and topology, see ``pycomm.resolve_algorithm``) |
+ring (pycomm's pipelined ring) | mpi (MPI_Allreduce) | shm (one node,
+through shared memory) | hierarchical (intra-node reduce-scatter, one
+inter-node ring per local rank, intra-node allgather) |
+hierarchical_master (reduce to each node's rank 0, ring among those,
+broadcast back).
+out: result tensor of the same shape and dtype; None reduces in place.
+compression: none | fp16 | bf16 | onebit (float32 tensors, op avg or sum,
+algorithm auto; onebit needs a name) or a pycomm.compression.Compressor;
+see pycomm.compression.
+group: a pycomm.new_group() group (default: all ranks).
+"""
 
 
 def _checked_allreduce_async(tensor, op, algorithm, out, name, blocking, compression, group) -> Handle:
-    """Every call the fast path above does not take: the full checks, their messages, compression
-    and groups. Entered once per call (allreduce() comes here straight from its own fast test)."""
+    """Every call that allreduce_async's C entry (below) does not take: the full checks, their messages,
+    compression and groups. Entered once per call (allreduce() comes here straight from its own fast test)."""
     topology()
     gid = group_id(group, "allreduce")
     if not (isinstance(compression, str) and compression == "none"):
@@ -89,10 +74,19 @@ def _checked_allreduce_async(tensor, op, algorithm, out, name, blocking, compres
                                  f"compression={compressor.name!r} runs its own scheme (leave algorithm='auto')")
             handle = compressor.allreduce_async(tensor, op=op, name=name, out=out, _blocking=blocking)
             if not blocking and not name:
-                _ops.note_unnamed(handle, stacklevel=4)
+                _ops.note_unnamed(handle, stacklevel=3)
             return handle
     return _ops.allreduce_async(tensor, op=op, algorithm=algorithm, out=out, name=name, blocking=blocking, gid=gid,
-                                stacklevel=5)
+                                stacklevel=4)
+
+
+# The common call (in place, all ranks, uncompressed, a tensor the engine takes) goes from this C
+# function straight to the engine's submission, which checks the tensor (dtype, device, layout,
+# strides) and the algorithm before it queues anything; every other call, and any call the
+# submission refuses, goes to _checked_allreduce_async with all eight arguments
+# (csrc/bindings/allreduce_entry.cpp; bench/submit_cost.py times it).
+allreduce_async = _C.allreduce_entry(_checked_allreduce_async, _ops.note_unnamed, _ALLREDUCE_ASYNC_DEFAULTS,
+                                     __name__, _ALLREDUCE_ASYNC_DOC)
 
 
 @profiled("pycomm.allreduce")

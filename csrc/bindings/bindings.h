@@ -150,7 +150,15 @@ class Handle {
   std::once_flag divided_;  // a second waiter returns once the first has divided
 };
 
+// _C.allreduce_async: the checked submission every allreduce face reaches (comm.cpp). op: sum | min |
+// max (| avg for the checks' messages); average: divide by the ranks (engine side); divide_by > 1:
+// Handle::divide_result_by. pybind11's TypeError/ValueError for what it refuses, before queueing.
+std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tensor& output, const std::string& op,
+                                        bool average, const std::string& algorithm, const std::string& name,
+                                        bool blocking, int64_t group, int64_t divide_by);
+
 void register_comm(pybind11::module_& m);
+void register_allreduce_entry(pybind11::module_& m);  // allreduce_entry.cpp: pycomm.allreduce_async
 void register_comm_ops(pybind11::module_& m);  // comm.cpp: reduce_scatter, alltoall, process groups
 void register_c10d(pybind11::module_& m);      // c10d/python.cpp: the torch.distributed backend (module.cpp)
 void register_compression(pybind11::module_& m);

@@ -230,6 +230,8 @@ struct ReleaseGilIfWaiting final : comm::Engine::SubmitterHold {
   void release() override { released.emplace(); }
 };
 
+}  // namespace
+
 std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tensor& output, const std::string& op,
                                         bool average, const std::string& algorithm, const std::string& name,
                                         bool blocking, int64_t group, int64_t divide_by) {
@@ -263,6 +265,8 @@ std::shared_ptr<Handle> allreduce_async(const at::Tensor& input, const at::Tenso
   if (divide_by > 1) handle->divide_result_by(divide_by);
   return handle;
 }
+
+namespace {
 
 // pycomm.grouped_allreduce: the allreduces of a list of tensors in one submission.
 class GroupHandle {

@@ -67,6 +67,7 @@ comm::Buffer to_buffer(const at::Tensor& t, const char* what) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "pycomm native core: compute kernels and the MPI collective engine";
   pycomm::bindings::register_comm(m);
+  pycomm::bindings::register_allreduce_entry(m);
   pycomm::bindings::register_c10d(m);
   pycomm::bindings::register_kernels(m);
   pycomm::bindings::register_compression(m);

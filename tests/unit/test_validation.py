@@ -73,6 +73,34 @@ def test_binding_refuses_an_integer_average(dtype):
     assert torch.equal(_C.allreduce_async(y, y.clone(), "sum", True, "auto", "", False, 0).wait(), y)
 
 
+def test_allreduce_async_binds_its_arguments_as_python_does():
+    # pycomm.allreduce_async is a C function (csrc/bindings/allreduce_entry.cpp): the signature, the
+    # defaults and CPython's argument errors, every form of the common call, and the rest through
+    # the checked path with all eight arguments.
+    import inspect
+
+    assert str(inspect.signature(pycomm.allreduce_async)) == (
+        "(tensor, op='sum', algorithm='auto', out=None, name=None, _blocking=False, compression='none', group=None)")
+    x = torch.arange(5, dtype=torch.float32)
+    assert torch.equal(pycomm.allreduce_async(x.clone()).wait(), x)
+    assert torch.equal(pycomm.allreduce_async(x.clone(), "max", "auto", None, "bind.1", True, "none", None).wait(), x)
+    assert torch.equal(pycomm.allreduce_async(tensor=x.clone(), name="bind.2", op="avg").wait(), x)
+    out = torch.empty_like(x)
+    assert pycomm.allreduce_async(x, out=out, name="bind.3").wait() is out and torch.equal(out, x)
+    assert torch.equal(pycomm.allreduce_async(x.clone(), compression="fp16", op="avg", name="bind.4").wait(), x)
+    for args, kwargs, message in [
+            ((), {}, "missing 1 required positional argument: 'tensor'"),
+            ((x,), {"zzz": 1}, "unexpected keyword argument 'zzz'"),
+            ((x, "sum"), {"op": "max"}, "multiple values for argument 'op'"),
+            ((x,) + (None,) * 8, {}, "takes from 1 to 8 positional arguments but 9 were given")]:
+        with pytest.raises(TypeError, match=message):
+            pycomm.allreduce_async(*args, **kwargs)
+    with pytest.raises(ValueError, match="unknown op 'prod'"):
+        pycomm.allreduce_async(x, op="prod")
+    with pytest.raises(TypeError, match="expected a torch.Tensor"):
+        pycomm.allreduce_async([1.0, 2.0])
+
+
 @pytest.mark.parametrize("count", [1, 1003, 70001])  # both sides of the handle's inline division (1 << 16)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_binding_divides_the_sum_once(dtype, count):
