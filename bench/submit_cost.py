@@ -9,9 +9,10 @@ is a step over all of them, timed on the slowest rank, median of --reps steps:
   waited for (ms);
 - blocking: one blocking call per tensor (ms for the 400).
 
-Rows: pycomm.allreduce_async / pycomm.allreduce; the binding pycomm._C.allreduce_async called
-directly (the floor under the Python checks); pycomm.horovod's allreduce_async_ / allreduce_
-(hvd.Average, Horovod's default). Each round runs every row once, in this order.
+Rows: pycomm.allreduce_async (a C function, csrc/bindings/allreduce_entry.cpp) / pycomm.allreduce;
+the pybind11 binding pycomm._C.allreduce_async called directly (the checked submission both reach);
+pycomm.horovod's allreduce_async_ / allreduce_ (hvd.Average, Horovod's default). Each round runs every
+row once, in this order.
 """
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ binding with pybind11's casts, of its body, and of the engine's parts.
 
 Then the whole call as Python code makes it, once per face: the same steps, the calls made by
 `itertools.starmap` and collected only inside it, on the calling thread (`--separate-threads`, so
-the engine thread's work is not counted): the interpreter's call, the Python checks of
-`pycomm.allreduce_async` (collectives.py) and the binding. The difference between the two faces is
-what the Python layer costs a call.
+the engine thread's work is not counted): the interpreter's call, `pycomm.allreduce_async`'s C entry
+(csrc/bindings/allreduce_entry.cpp) or pybind11's dispatch, and the submission both reach. The
+difference between the two faces is what the entry saves (negative) or costs against the binding.
 
     python bench/submit_instructions.py            # about 4 minutes; needs valgrind on PATH
 """
@@ -29,7 +29,7 @@ PARTS = (
      r"pybind11::cpp_function::initialize<std::shared_ptr<pycomm::bindings::Handle> \(\*&\)\(at::Tensor const&, "
      r"at::Tensor const&, std::__cxx11::basic_string"),
     ("its body (allreduce_async, csrc/bindings/comm.cpp)",
-     r"pycomm::bindings::\(anonymous namespace\)::allreduce_async\("),
+     r"pycomm::bindings::(?:\(anonymous namespace\)::)?allreduce_async\("),
     ("Engine::allreduce", r"pycomm::comm::Engine::allreduce\(pycomm::comm::AllreduceArgs"),
     ("Engine::allreduce_op", r"pycomm::comm::Engine::allreduce_op\("),
     ("Engine::enqueue", r"pycomm::comm::Engine::enqueue\("),
@@ -112,7 +112,7 @@ def main(argv=None) -> None:
         row = f"{face}(t, op='avg', name=...)" if face.startswith("pycomm") else f"{face}(...) (no checks)"
         print(f"{row:<55} {whole[face] / calls:>8.0f}" if whole[face] else f"{row:<55} {'(not found)':>8}")
     if all(whole.values()):
-        print(f"{'the Python layer (the difference)':<55} {(whole[FACES[0]] - whole[FACES[1]]) / calls:>8.0f}")
+        print(f"{'the entry against the binding (the difference)':<55} {(whole[FACES[0]] - whole[FACES[1]]) / calls:>8.0f}")
 
 
 if __name__ == "__main__":
