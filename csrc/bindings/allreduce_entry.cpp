@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "bindings.h"
@@ -26,8 +27,8 @@ enum Param { TENSOR, OP, ALGORITHM, OUT, NAME, BLOCKING, COMPRESSION, GROUP };
 constexpr const char* kParamNames[kParams] = {"tensor", "op",        "algorithm",   "out",
                                               "name",   "_blocking", "compression", "group"};
 
-// Made once by _C.allreduce_entry and kept for the life of the process (the function object
-// points at `def`).
+// What _C.allreduce_entry makes, owned by a capsule that is the function object's `self`: the
+// function holds the capsule, so `def` outlives it.
 struct Entry {
   PyObject* names[kParams];      // interned parameter names
   PyObject* defaults[kParams];   // nullptr for `tensor`, which has none
@@ -35,12 +36,18 @@ struct Entry {
   PyObject* note_unnamed = nullptr;  // _ops.note_unnamed(handle, stacklevel)
   std::string doc;
   PyMethodDef def{};
+
+  ~Entry() {
+    for (PyObject* o : names) Py_XDECREF(o);
+    for (PyObject* o : defaults) Py_XDECREF(o);
+    Py_XDECREF(checked);
+    Py_XDECREF(note_unnamed);
+  }
 };
-Entry* entry = nullptr;
 
 // Python's binding of (args, kwnames) to the eight parameters, defaults filled in; false with a
 // TypeError set, worded as CPython words them.
-bool bind(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject** out) {
+bool bind(const Entry* entry, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject** out) {
   if (nargs > kParams) {
     PyErr_Format(PyExc_TypeError, "allreduce_async() takes from 1 to %d positional arguments but %zd were given",
                  kParams, nargs);
@@ -78,7 +85,7 @@ bool is_str(PyObject* o, const char* s) { return PyUnicode_CheckExact(o) && PyUn
 
 // The common call's handle, or nullptr with no error set when it is not one or allreduce_async
 // refused it; nullptr with an error set: note_unnamed raised (a warning filter set to "error").
-PyObject* common_call(PyObject* const* a) {
+PyObject* common_call(const Entry* entry, PyObject* const* a) {
   if (a[OUT] != Py_None || a[GROUP] != Py_None || !is_str(a[COMPRESSION], "none")) return nullptr;
   if (!PyUnicode_CheckExact(a[OP]) || !PyUnicode_CheckExact(a[ALGORITHM])) return nullptr;
   if (a[BLOCKING] != Py_True && a[BLOCKING] != Py_False) return nullptr;
@@ -123,10 +130,11 @@ PyObject* common_call(PyObject* const* a) {
   return h;
 }
 
-PyObject* allreduce_async_entry(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+PyObject* allreduce_async_entry(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  const auto* entry = static_cast<const Entry*>(PyCapsule_GetPointer(self, nullptr));
   PyObject* a[kParams];
-  if (!bind(args, nargs, kwnames, a)) return nullptr;
-  if (PyObject* h = common_call(a)) return h;
+  if (!bind(entry, args, nargs, kwnames, a)) return nullptr;
+  if (PyObject* h = common_call(entry, a)) return h;
   if (PyErr_Occurred()) return nullptr;
   return PyObject_Vectorcall(entry->checked, a, kParams, nullptr);
 }
@@ -136,8 +144,8 @@ PyObject* allreduce_async_entry(PyObject*, PyObject* const* args, Py_ssize_t nar
 void register_allreduce_entry(py::module_& m) {
   m.def("allreduce_entry", [](py::object checked, py::object note_unnamed, py::dict defaults,
                               const std::string& module, const std::string& doc) -> py::object {
-    if (entry) throw py::value_error("allreduce_entry: pycomm.allreduce_async is made once, at import");
-    auto* e = new Entry();  // kept for the life of the process: the function object points at e->def
+    auto owned = std::make_unique<Entry>();
+    Entry* e = owned.get();
     for (int i = 0; i < kParams; ++i) {
       e->names[i] = PyUnicode_InternFromString(kParamNames[i]);
       e->defaults[i] = nullptr;
@@ -154,13 +162,17 @@ void register_allreduce_entry(py::module_& m) {
     e->def.ml_meth = reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&allreduce_async_entry));
     e->def.ml_flags = METH_FASTCALL | METH_KEYWORDS;
     e->def.ml_doc = e->doc.c_str();
-    entry = e;
+    auto self = py::reinterpret_steal<py::object>(PyCapsule_New(e, nullptr, [](PyObject* capsule) {
+      delete static_cast<Entry*>(PyCapsule_GetPointer(capsule, nullptr));
+    }));
+    if (!self) throw py::error_already_set();
+    owned.release();  // the capsule owns it now
     py::str module_name(module);
-    PyObject* f = PyCFunction_NewEx(&e->def, nullptr, module_name.ptr());
+    PyObject* f = PyCFunction_NewEx(&e->def, self.ptr(), module_name.ptr());
     if (!f) throw py::error_already_set();
     return py::reinterpret_steal<py::object>(f);
   }, py::arg("checked"), py::arg("note_unnamed"), py::arg("defaults"), py::arg("module"), py::arg("doc"),
-     "pycomm.allreduce_async's C entry (allreduce_entry.cpp), made once by pycomm.collectives: the common "
+     "pycomm.allreduce_async's C entry (allreduce_entry.cpp), made by pycomm.collectives at import: the common "
      "call straight to the engine, every other call to `checked` with all eight arguments.");
 }
 
