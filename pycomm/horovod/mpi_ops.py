@@ -341,12 +341,12 @@ def _allreduce_start(tensor, output, name, op, prescale_factor, postscale_factor
     return _register([h], finish, (src, out, output))
 
 
-def _in_place_fast(tensor, name, op, blocking) -> Optional[int]:
+def _in_place_fast(tensor, name, op, blocking, stacklevel: int = 5) -> Optional[int]:
     """The common call, in place over all ranks without scale factors (allreduce_async_, the
-    DistributedOptimizer's hooks), straight to the engine's binding as pycomm.allreduce_async's own
-    fast path: the binding checks the tensor (dtype, device, layout) before it queues anything, and
-    what it refuses returns None for the checked path's messages. Average as _average_rule says.
-    bench/submit_cost.py times it."""
+    DistributedOptimizer's hooks), straight to the engine's binding, as pycomm.allreduce_async's C
+    entry goes: the binding checks the tensor (dtype, device, layout) before it queues anything, and
+    what it refuses returns None for the checked path's messages. Average as _average_rule says;
+    stacklevel: the unnamed-handle warning's. bench/submit_cost.py times it."""
     try:
         op, divisor = _average_rule(op, tensor.dtype, pycomm.size())
         # float32/float64: the handle divides the sum when it is waited for (Handle.divide_result_by),
@@ -356,7 +356,7 @@ def _in_place_fast(tensor, name, op, blocking) -> Optional[int]:
     except (AttributeError, TypeError, ValueError):
         return None
     if not blocking and not name:
-        _ops.note_unnamed(h, stacklevel=5)
+        _ops.note_unnamed(h, stacklevel=stacklevel)
     if divisor == divide_by:
         return _register([h], None, (tensor,))
 
@@ -392,7 +392,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     # straight to _in_place_fast; anything else, valid or not, takes the checked path below.
     if average is None and (op is None or op == Average or op == Sum) and prescale_factor == 1.0 \
             and postscale_factor == 1.0 and process_set is global_process_set and not (name and name in _inflight):
-        h = _in_place_fast(tensor, name, Average if op is None else op, False)
+        h = _in_place_fast(tensor, name, Average if op is None else op, False, stacklevel=4)  # the caller's line
         if h is not None:
             if name:
                 _inflight[name] = h
