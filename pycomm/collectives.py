@@ -85,8 +85,8 @@ def _checked_allreduce_async(tensor, op, algorithm, out, name, blocking, compres
 # strides) and the algorithm before it queues anything; every other call, and any call the
 # submission refuses, goes to _checked_allreduce_async with all eight arguments
 # (csrc/bindings/allreduce_entry.cpp; bench/submit_cost.py times it).
-allreduce_async = _C.allreduce_entry(_checked_allreduce_async, _ops.note_unnamed, _ALLREDUCE_ASYNC_DEFAULTS,
-                                     __name__, _ALLREDUCE_ASYNC_DOC)
+allreduce_async = _C.allreduce_entry(_checked_allreduce_async, _ops.note_unnamed, ENGINE_OP,
+                                     _ALLREDUCE_ASYNC_DEFAULTS, __name__, _ALLREDUCE_ASYNC_DOC)
 
 
 @profiled("pycomm.allreduce")

@@ -10,7 +10,6 @@
 // bench/submit_cost.py times it (the pycomm.allreduce_async row, against _C.allreduce_async).
 #include <torch/csrc/autograd/python_variable.h>
 
-#include <cstring>
 #include <memory>
 #include <string>
 
@@ -34,6 +33,7 @@ struct Entry {
   PyObject* defaults[kParams];   // nullptr for `tensor`, which has none
   PyObject* checked = nullptr;   // collectives._checked_allreduce_async(tensor, op, ..., group)
   PyObject* note_unnamed = nullptr;  // _ops.note_unnamed(handle, stacklevel)
+  PyObject* engine_ops = nullptr;    // _ops.ENGINE_OP: op -> (the engine's reduction, average)
   std::string doc;
   PyMethodDef def{};
 
@@ -42,6 +42,7 @@ struct Entry {
     for (PyObject* o : defaults) Py_XDECREF(o);
     Py_XDECREF(checked);
     Py_XDECREF(note_unnamed);
+    Py_XDECREF(engine_ops);
   }
 };
 
@@ -91,13 +92,18 @@ PyObject* common_call(const Entry* entry, PyObject* const* a) {
   if (a[BLOCKING] != Py_True && a[BLOCKING] != Py_False) return nullptr;
   if (a[NAME] != Py_None && !PyUnicode_CheckExact(a[NAME])) return nullptr;
   if (!THPVariable_Check(a[TENSOR])) return nullptr;
-  // op -> the engine's (reduction, average), as _ops.ENGINE_OP: avg is a sum the engine divides.
-  const char* op = PyUnicode_AsUTF8(a[OP]);
-  if (!op) return nullptr;  // not encodable: let the checked path say so
-  bool average = false;
-  const char* reduce = op;
-  if (std::strcmp(op, "avg") == 0) reduce = "sum", average = true;
-  else if (std::strcmp(op, "sum") != 0 && std::strcmp(op, "min") != 0 && std::strcmp(op, "max") != 0) return nullptr;
+  // op -> the engine's (reduction, average), from _ops.ENGINE_OP (avg is a sum the engine divides).
+  PyObject* engine_op = PyDict_GetItemWithError(entry->engine_ops, a[OP]);  // borrowed
+  if (!engine_op) {
+    PyErr_Clear();  // an unknown op: the checked path names it
+    return nullptr;
+  }
+  const char* reduce = PyUnicode_AsUTF8(PyTuple_GET_ITEM(engine_op, 0));
+  const bool average = PyTuple_GET_ITEM(engine_op, 1) == Py_True;
+  if (!reduce) {
+    PyErr_Clear();
+    return nullptr;
+  }
   Py_ssize_t alen = 0, nlen = 0;
   const char* algorithm = PyUnicode_AsUTF8AndSize(a[ALGORITHM], &alen);
   const char* name = a[NAME] == Py_None ? "" : PyUnicode_AsUTF8AndSize(a[NAME], &nlen);
@@ -142,7 +148,7 @@ PyObject* allreduce_async_entry(PyObject* self, PyObject* const* args, Py_ssize_
 }  // namespace
 
 void register_allreduce_entry(py::module_& m) {
-  m.def("allreduce_entry", [](py::object checked, py::object note_unnamed, py::dict defaults,
+  m.def("allreduce_entry", [](py::object checked, py::object note_unnamed, py::dict engine_ops, py::dict defaults,
                               const std::string& module, const std::string& doc) -> py::object {
     auto owned = std::make_unique<Entry>();
     Entry* e = owned.get();
@@ -157,6 +163,7 @@ void register_allreduce_entry(py::module_& m) {
     }
     e->checked = checked.release().ptr();
     e->note_unnamed = note_unnamed.release().ptr();
+    e->engine_ops = engine_ops.release().ptr();
     e->doc = doc;
     e->def.ml_name = "allreduce_async";
     e->def.ml_meth = reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&allreduce_async_entry));
@@ -171,7 +178,7 @@ void register_allreduce_entry(py::module_& m) {
     PyObject* f = PyCFunction_NewEx(&e->def, self.ptr(), module_name.ptr());
     if (!f) throw py::error_already_set();
     return py::reinterpret_steal<py::object>(f);
-  }, py::arg("checked"), py::arg("note_unnamed"), py::arg("defaults"), py::arg("module"), py::arg("doc"),
+  }, py::arg("checked"), py::arg("note_unnamed"), py::arg("engine_ops"), py::arg("defaults"), py::arg("module"), py::arg("doc"),
      "pycomm.allreduce_async's C entry (allreduce_entry.cpp), made by pycomm.collectives at import: the common "
      "call straight to the engine, every other call to `checked` with all eight arguments.");
 }
