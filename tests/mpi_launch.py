@@ -1,6 +1,6 @@
-"""Run a pytest file under mpirun at a given world size (used by tests/test_parallel.py).
+"""Run pytest files under mpirun at a given world size (used by tests/test_parallel.py).
 
-Every rank runs the same pytest session on the file. A failure on any rank
+Every rank runs the same pytest session on the files. A failure on any rank
 makes that rank exit non-zero at once (tests/parallel/conftest.py), which
 makes mpirun tear the whole job down: a failing rank fails the run and never
 hangs it. A wall-clock limit backs that up.
@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 from pycomm.tools.launcher import build_command, find_launcher, mpi_flavour
 
@@ -61,9 +61,11 @@ def run_under_mpi(np: int, args, timeout: float = 600, env: Optional[Dict[str, s
     return proc.returncode, out
 
 
-def run_pytest_under_mpi(np: int, path: str, timeout: float = 600, env: Optional[Dict[str, str]] = None,
-                         extra=()) -> Tuple[int, str]:
-    return run_under_mpi(np, ["-m", "pytest", path, "-q", "-x", "-p", "no:cacheprovider", "--color=no", "--timeout=240",
+def run_pytest_under_mpi(np: int, paths: Union[str, Sequence[str]], timeout: float = 600,
+                         env: Optional[Dict[str, str]] = None, extra=()) -> Tuple[int, str]:
+    """One pytest session over `paths` (a file or several) on every rank."""
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    return run_under_mpi(np, ["-m", "pytest", *paths, "-q", "-x", "-p", "no:cacheprovider", "--color=no", "--timeout=240",
                               # no tests/parallel file uses hypothesis; its plugin costs ~0.7 s a rank to load
                               "-p", "no:hypothesispytest",
                               *extra], timeout=timeout, env=env)

@@ -6,6 +6,7 @@ import torch.distributed as dist
 
 import pycomm
 import pycomm.distributed  # noqa: F401  (registers "pycomm", provides the rendezvous)
+from torch_worlds import pycomm_world
 
 # float32 sums in a different reduction order than gloo's: each element differs by at most
 # 2N eps * sum_k |x_k| (refdata.tolerance); with |x| <= 1 and N <= 4 that is < 1e-6.
@@ -14,12 +15,10 @@ F32_ATOL = 2 * 4 * 2 ** -24 * 4
 
 @pytest.fixture(scope="module")
 def gloo():
-    if not dist.is_initialized():
-        dist.init_process_group("pycomm")
-    assert dist.get_backend() == "pycomm"
-    assert (dist.get_rank(), dist.get_world_size()) == (pycomm.rank(), pycomm.size())
-    yield dist.new_group(backend="gloo")
-    dist.destroy_process_group()
+    with pycomm_world():
+        assert dist.get_backend() == "pycomm"
+        assert (dist.get_rank(), dist.get_world_size()) == (pycomm.rank(), pycomm.size())
+        yield dist.new_group(backend="gloo")
 
 
 def data(seed, shape, dtype=torch.float32, rank=None):

@@ -15,6 +15,7 @@ import pycomm
 import pycomm.distributed  # noqa: F401
 from compression_ref import layout, two_phase
 from refdata import rank_data
+from torch_worlds import pycomm_world
 
 # Both runs start from the same parameters and see the same data; only the reduction order of the
 # float32 gradient sums differs (pycomm's ring/shm/mpi vs gloo's), so parameters differ by a few
@@ -27,10 +28,8 @@ ATOL = 1e-5
 
 @pytest.fixture(scope="module")
 def gloo():
-    if not dist.is_initialized():
-        dist.init_process_group("pycomm")
-    yield dist.new_group(backend="gloo")
-    dist.destroy_process_group()
+    with pycomm_world():
+        yield dist.new_group(backend="gloo")
 
 
 def model(seed=0):

@@ -9,7 +9,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import pycomm
-from gloo_world import start_gloo
+from torch_worlds import gloo_world
 from pycomm import ddp_hooks as hooks
 
 PER_RANK = 6
@@ -18,8 +18,8 @@ PER_RANK = 6
 @pytest.fixture(scope="module", autouse=True)
 def gloo():
     """torch.distributed over gloo on the MPI ranks: rank 0 picks a port, mpi4py broadcasts it."""
-    start_gloo()
-    yield
+    with gloo_world():
+        yield
 
 
 def make_model(seed=0):

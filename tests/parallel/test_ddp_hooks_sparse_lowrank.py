@@ -8,7 +8,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import pycomm
-from gloo_world import start_gloo
+from torch_worlds import gloo_world
 from lowrank_ref import compressed, powersgd_step
 from pycomm import ddp_hooks as hooks
 from pycomm.compressors.powersgd import PowerSGD
@@ -17,8 +17,8 @@ from sparse_ref import sparse_step, threshold_k
 
 @pytest.fixture(scope="module", autouse=True)
 def gloo():
-    start_gloo()
-    yield
+    with gloo_world():
+        yield
 
 
 def make_model():

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import pycomm
-from gloo_world import start_gloo
+from torch_worlds import gloo_world
 from refdata import assert_close, rank_data
 
 MODES = ["staging", "direct", "peer"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -227,8 +227,8 @@ def test_fusion_threshold_and_the_cached_buffer(mode):
 
 @pytest.fixture(scope="module")
 def gloo():
-    start_gloo()
-    yield
+    with gloo_world():
+        yield
 
 
 @pytest.mark.parametrize("mode", [m for m in MODES if m != "staging"], indirect=True)

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 import pycomm
 import pycomm.horovod as hvd
+from torch_worlds import pycomm_world
 
 NEW = [torch.uint8, torch.int8, torch.int16, torch.bool]
 NP = {torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16, torch.bool: np.bool_,
@@ -45,11 +46,8 @@ def reference(comm, x, op):
 
 @pytest.fixture(scope="module")
 def world():
-    if not dist.is_initialized():
-        import pycomm.distributed  # noqa: F401  (registers "pycomm", provides the rendezvous)
-        dist.init_process_group("pycomm")
-    yield
-    dist.destroy_process_group()
+    with pycomm_world():
+        yield
 
 
 def test_the_dtype_table_is_one_list():

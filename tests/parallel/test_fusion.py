@@ -229,7 +229,9 @@ def test_fused_batch_above_the_cache_runs_chunk_by_chunk(dtype, op):
         for i, y in enumerate(got):
             check_fused_result(y, op, dtype, counts[i], 3000 + i, f"big.{i}")
         assert pycomm.stats()["fused_tensors"] > before["fused_tensors"]
-        assert pycomm.stats()["shm_segment_bytes"] < total * esize
+        # The window was not grown to hold the batch (it only grows; an earlier file may have grown it).
+        after = pycomm.stats()["shm_segment_bytes"]
+        assert after == before["shm_segment_bytes"] or after < total * esize
     finally:
         pycomm.set_options(shm_chunk_bytes=old["shm_chunk_bytes"], fusion_threshold_bytes=old["fusion_threshold_bytes"])
 

@@ -63,7 +63,8 @@ def test_matches_the_float64_reference(dtype, op, peer, comm):
     if size > 1 and _takes_peer_path():
         assert _delta(before, "peer_allreduces") == len(COUNTS)
         assert pycomm.stats()["peer_block_bytes"] >= 2 * 4 * min(COUNTS[-1], HALF_LIMIT // 4) - 128
-        assert pycomm.stats()["peer_block_bytes"] <= 2 * HALF_LIMIT
+        # The block only grows; an earlier file in this process may have grown it with larger passes.
+        assert pycomm.stats()["peer_block_bytes"] <= max(2 * HALF_LIMIT, before["peer_block_bytes"])
     else:
         assert _delta(before, "peer_allreduces") == 0
 
@@ -86,9 +87,10 @@ def test_blocks_grow_collectively_and_then_stay(peer):
     if size == 1 or not _takes_peer_path():
         pytest.skip(f"no peer path here: {pycomm._C.peer_verdict() or 'one rank'}")
     big = HALF_LIMIT // 4 * 3  # three passes
+    grown_before = pycomm.stats()["peer_block_bytes"]  # another file in this process may have grown it
     pycomm.allreduce(rank_data(rank, big, torch.float32, seed=33))
     allocations = pycomm.stats()["peer_allocations"]
-    assert pycomm.stats()["peer_block_bytes"] == 2 * HALF_LIMIT
+    assert pycomm.stats()["peer_block_bytes"] == max(2 * HALF_LIMIT, grown_before)
     for count in (5, big, 1000, HALF_LIMIT // 4):
         y = pycomm.allreduce(rank_data(rank, count, torch.float32, seed=34))
         assert_close(y, "sum", size, torch.float32, seed=34, what=f"after growth [{count}]")
