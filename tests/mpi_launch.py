@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple
 
 from pycomm.tools.launcher import build_command, find_launcher, mpi_flavour
 
@@ -61,10 +61,9 @@ def run_under_mpi(np: int, args, timeout: float = 600, env: Optional[Dict[str, s
     return proc.returncode, out
 
 
-def run_pytest_under_mpi(np: int, paths: Union[str, Sequence[str]], timeout: float = 600,
+def run_pytest_under_mpi(np: int, paths: Sequence[str], timeout: float = 600,
                          env: Optional[Dict[str, str]] = None, extra=()) -> Tuple[int, str]:
-    """One pytest session over `paths` (a file or several) on every rank."""
-    paths = [paths] if isinstance(paths, str) else list(paths)
+    """One pytest session over the files `paths` on every rank."""
     return run_under_mpi(np, ["-m", "pytest", *paths, "-q", "-x", "-p", "no:cacheprovider", "--color=no", "--timeout=240",
                               # no tests/parallel file uses hypothesis; its plugin costs ~0.7 s a rank to load
                               "-p", "no:hypothesispytest",

@@ -52,3 +52,11 @@ def assert_close(result: torch.Tensor, op: str, size: int, dtype: torch.dtype, s
         i = bad[0]
         raise AssertionError(f"{what}: {bad.size} of {count} elements wrong; first at {i}: got {got[i]!r}, "
                              f"expected {ref[i]!r}")
+
+
+def assert_not_grown_past(before: int, after: int, bound: int, what: str = "") -> None:
+    """Grow-only engine memory (the shm window, the peer block: a pycomm.stats() size) read after a call:
+    the call grew it to at most `bound` bytes, or left it as it was. It never shrinks, and an earlier
+    test in the same process (tests/test_parallel.py runs a group of files in one) may have grown it past
+    `bound` already."""
+    assert after <= max(before, bound), f"{what}: grown from {before} to {after} bytes, past {bound}"
