@@ -5,8 +5,9 @@
 400 tensors of 1-4 KiB (float32, the latency-bound model of bench/fusion.py), named once. Each row
 is a step over all of them, timed on the slowest rank, median of --reps steps:
 
-- submit: the loop of asynchronous calls alone (us a call), then the whole step with every handle
-  waited for (ms);
+- submit: the loop of asynchronous calls alone (us a call), the first handle's wait (us: the fused
+  batch, run by the waiting thread itself when the engine's worker has not taken it yet), then the
+  whole step with every handle waited for (ms);
 - blocking: one blocking call per tensor (ms for the 400).
 
 Rows: pycomm.allreduce_async (a C function, csrc/bindings/allreduce_entry.cpp) / pycomm.allreduce;
@@ -44,19 +45,23 @@ def main(argv=None):
     n = len(grads)
 
     def timed(submit, finish):
-        """(median us a call of `submit`, median ms of submit + finish), slowest rank."""
-        subs, steps = [], []
+        """(median us a call of `submit`, median us of the first handle's finish, median ms of submit +
+        finish), slowest rank."""
+        subs, firsts, steps = [], [], []
         for _ in range(args.reps + 1):  # the first step warms up
             comm.Barrier()
             t0 = time.perf_counter()
             handles = submit()
             t1 = time.perf_counter()
-            finish(handles)
+            finish(handles[:1])
             t2 = time.perf_counter()
+            finish(handles[1:])
+            t3 = time.perf_counter()
             subs.append(comm.allreduce(t1 - t0, op=MPI.MAX))
-            steps.append(comm.allreduce(t2 - t0, op=MPI.MAX))
-        subs, steps = sorted(subs[1:]), sorted(steps[1:])
-        return subs[len(subs) // 2] * 1e6 / n, steps[len(steps) // 2] * 1e3
+            firsts.append(comm.allreduce(t2 - t1, op=MPI.MAX))
+            steps.append(comm.allreduce(t3 - t0, op=MPI.MAX))
+        median = lambda xs: sorted(xs[1:])[(len(xs) - 1) // 2]
+        return median(subs) * 1e6 / n, median(firsts) * 1e6, median(steps) * 1e3
 
     def wait_all(handles):
         for h in handles:
@@ -81,13 +86,14 @@ def main(argv=None):
     if comm.rank == 0:
         print(f"# {comm.size} ranks, {n} tensors of 1-4 KiB (float32, average), median of {args.reps} steps, "
               f"slowest rank")
-        print(f"{'round':>5}  {'call':<24} {'us a call (submit)':>18} {'ms a step':>10}")
+        print(f"{'round':>5}  {'call':<24} {'us a call (submit)':>18} {'us first wait':>13} {'ms a step':>10}")
     for r in range(args.rounds):
         for label, (submit, finish) in rows.items():
-            per_call, step = timed(submit, finish)
+            per_call, first, step = timed(submit, finish)
             if comm.rank == 0:
                 blocking = label in ("pycomm.allreduce", "hvd.allreduce_")
-                print(f"{r + 1:>5}  {label:<24} {'(blocking)' if blocking else f'{per_call:.2f}':>18} {step:>10.2f}")
+                print(f"{r + 1:>5}  {label:<24} {'(blocking)' if blocking else f'{per_call:.2f}':>18} "
+                      f"{'' if blocking else f'{first:.1f}':>13} {step:>10.2f}")
 
 
 if __name__ == "__main__":

@@ -500,7 +500,8 @@ def device_path() -> str:
 
 
 def stats() -> dict:
-    """Engine counters: operations completed, coordination rounds, tensors that ran fused, and the
+    """Engine counters: operations completed, coordination rounds, tensors that ran fused, batches a
+    waiting caller ran on its own thread instead of the engine's (waiter_batches), and the
     memory the engine keeps between operations: shm_allocations (collective reallocations of the shared
     window; it grows geometrically), shm_segment_bytes, fusion_buffer_bytes, staging_bytes; the device
     movers' cached working memory and fusion buffer (device_cache_bytes / _allocations,

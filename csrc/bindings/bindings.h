@@ -63,7 +63,7 @@ inline void order_current_stream(const comm::EventPtr& done) {
 
 // wait() on a handle first runs the queued allreduces of engine `group` behind it at once
 // (-1: none to flush), so the last partial batch of a step is not held back a fusion cycle.
-void flush_before_waiting(const comm::Work& work, int64_t group);
+void run_before_waiting(const comm::Work& work, int64_t group);
 
 // t /= n in place, a correctly rounded quotient (IEEE division, bitwise torch's div_); t is a float32
 // or float64 tensor. A CUDA tensor is divided on the current stream; block_host: the host then waits
@@ -97,8 +97,8 @@ class Handle {
     // A work finished already (most handles of a fused batch after the first wait) needs no flush
     // and no GIL hand-off: a third of the cost (bench/fusion.py).
     if (!work_->done()) {
-      flush_before_waiting(*work_, group_);
       pybind11::gil_scoped_release release;
+      run_before_waiting(*work_, group_);
       work_->wait();
     }
     work_->wait();  // done: raises the operation's error, if any
@@ -110,6 +110,7 @@ class Handle {
   at::Tensor synchronize() {
     {
       pybind11::gil_scoped_release release;
+      run_before_waiting(*work_, group_);
       work_->wait();
       if (comm::EventPtr done = work_->done_event()) done->synchronize();
     }

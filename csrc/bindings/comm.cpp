@@ -169,12 +169,13 @@ void divide_in_place(at::Tensor& t, int64_t n, bool block_host) {
 #endif
 }
 
-// The caller waits for `work`, so allreduces queued behind it are not held back for a fusion cycle
-// (as the c10d backend's wait() does): the last partial batch of a step runs at once.
-void flush_before_waiting(const comm::Work& work, int64_t group) {
+// The caller is about to wait for `work`: nothing queued is held back for a fusion cycle any more
+// (the last partial batch of a step runs at once), and a batch the worker has not taken runs on the
+// caller's thread (Engine::run_queued_for), as the c10d backend's wait() does. Without the GIL.
+void run_before_waiting(const comm::Work& work, int64_t group) {
   if (group < 0 || work.done()) return;
   try {
-    engine_of(group).flush();
+    engine_of(group).run_queued_for(work);
   } catch (const comm::CommError&) {  // the engine is gone: wait() reports the operation's own error
   }
 }
@@ -295,7 +296,7 @@ class GroupHandle {
     std::exception_ptr first;
     for (const comm::WorkPtr& w : works_) {
       // A group above the fusion limits runs in several batches: each is flushed as the caller reaches it.
-      flush_before_waiting(*w, group_);
+      run_before_waiting(*w, group_);
       try {
         w->wait();
       } catch (...) {
@@ -633,6 +634,7 @@ void register_comm(py::module_& m) {
     d["operations"] = s.operations;
     d["rounds"] = s.rounds;
     d["fused_tensors"] = s.fused_tensors;
+    d["waiter_batches"] = s.waiter_batches;
     d["shm_allocations"] = s.shm_allocations;
     d["shm_segment_bytes"] = s.shm_segment_bytes;
     d["fusion_buffer_bytes"] = s.fusion_buffer_bytes;

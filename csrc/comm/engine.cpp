@@ -320,7 +320,14 @@ void Engine::loop() {
     if (fusion || by_name) {  // give the head a cycle to gather company
       auto deadline = queue_.front().submitted +
                       std::chrono::microseconds(static_cast<int64_t>(active_.cycle_time_ms * 1000.0));
-      cv_.wait_until(lock, deadline, [&] { return stopping_ || flush_ || (fusion && !head_batch(nullptr)); });
+      gathering_ = true;
+      const uint64_t takeovers = takeovers_;
+      cv_.wait_until(lock, deadline, [&] {
+        return stopping_ || flush_ || takeovers_ != takeovers || (fusion && !head_batch(nullptr));
+      });
+      // A waiter took the batch and runs it on its own thread; it clears busy_ when done.
+      if (takeovers_ != takeovers) continue;
+      gathering_ = false;
     }
     flush_ = false;
     std::vector<Op*> batch;
@@ -584,6 +591,49 @@ void Engine::flush() {
     flush_ = true;
   }
   cv_.notify_all();
+}
+
+void Engine::run_queued_for(const Work& work) {
+  for (;;) {
+    if (work.done()) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    // Only a head of plain allreduces, as the worker would fuse them: anything else (a join, a backup
+    // session, an operation paired by name) may wait for this same thread and stays with the worker.
+    const bool takeable = !stopping_ && !options_.pair_by_name && parked_.empty() && !queue_.empty() &&
+                          (gathering_ || !busy_) &&
+                          queue_.front().fusable && !(queue_.front().sig.flags & Signature::kByName);
+    if (!takeable) {
+      lock.unlock();
+      flush();
+      return;
+    }
+    if (gathering_) {  // the worker's batch: it sees the takeover and leaves busy_ to this thread
+      gathering_ = false;
+      ++takeovers_;
+    } else {
+      busy_ = true;
+      active_ = options_;
+    }
+    flush_ = false;
+    std::vector<Op*> batch;
+    take_batch(queue_.begin(), queue_.end(), fuses(active_, queue_.front()), active_.fusion_threshold_bytes,
+               [this](const Op& head, const Op& next) { return compatible(head, next); }, &batch);
+    running_ = batch.size();
+    lock.unlock();
+
+    const size_t ran = execute(batch);
+
+    lock.lock();
+    for (size_t i = 0; i < ran; ++i) queue_.pop_front();
+    running_ = 0;
+    busy_ = false;
+    if (ran > 0) ++stats_.waiter_batches;
+    // Wake the worker only if it has something to do (as after an inline call).
+    const bool wake = !queue_.empty() || stopping_;
+    lock.unlock();
+    if (wake) cv_.notify_all();
+    if (ran == 0) return;  // not expected without pair_by_name; the worker proposes it again
+  }
 }
 
 WorkPtr Engine::barrier(bool blocking) {

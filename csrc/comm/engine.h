@@ -143,6 +143,13 @@ class Engine {
   // A caller waits for queued work: stop holding allreduces back for fusion
   // partners (the cycle time) and run what is queued now.
   void flush();
+  // A caller about to block in work.wait(): while `work` is not done and the queue's head is a batch
+  // of allreduces that the worker has not taken yet (it is idle, or holding the head back for its
+  // fusion cycle), run that batch here, on the caller's thread, as a blocking call on an idle engine
+  // does; otherwise flush(). The worker is not woken to run it and the caller is not woken after it:
+  // two thread hand-offs fewer for the first wait of a step (bench/submit_cost.py). Call without
+  // Python's GIL (the batch may run here).
+  void run_queued_for(const Work& work);
   WorkPtr reduce_scatter(const ReduceScatterArgs& args, std::shared_ptr<void> keepalive, bool blocking = false);
   WorkPtr alltoall(const AlltoallArgs& args, std::shared_ptr<void> keepalive, bool blocking = false);
 
@@ -215,6 +222,10 @@ class Engine {
   bool stopping_ = false;
   bool busy_ = false;  // an operation is running (on the worker or inline on a caller)
   bool flush_ = false;  // flush(): skip the rest of the fusion cycle
+  // The worker holds the queue's head back for its fusion cycle: busy_ is set but no batch is taken,
+  // so a waiter may take the batch over (run_queued_for), counted in takeovers_.
+  bool gathering_ = false;
+  uint64_t takeovers_ = 0;
   size_t running_ = 0;  // ops at the queue's head that the worker is executing (they are not "held back")
   Stats stats_;
   std::string last_op_ = "none yet";  // for stall reports; empty: last_sig_ (and last_count_ - 1 fused)

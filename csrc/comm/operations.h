@@ -87,6 +87,7 @@ struct EngineStats {
   uint64_t operations = 0;   // operations completed
   uint64_t rounds = 0;       // coordination rounds (fused batches count once)
   uint64_t fused_tensors = 0;  // allreduces that ran inside a fused batch of two or more
+  uint64_t waiter_batches = 0;  // batches a waiting caller ran on its own thread (Engine::run_queued_for)
   // Memory the engine holds between operations (as of the last one that ended).
   uint64_t shm_allocations = 0;      // collective (re)allocations of the shared window
   uint64_t shm_segment_bytes = 0;    // this rank's segment of the shared window

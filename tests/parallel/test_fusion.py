@@ -289,3 +289,64 @@ def test_cuda_small_tensors_are_fused_and_correct():
     if size > 1:
         assert after["fused_tensors"] > before["fused_tensors"], "nothing was fused"
         assert after["device_fusion_bytes"] > 0
+
+
+@pytest.fixture
+def long_cycle():
+    """A fusion cycle far longer than the tests take: the worker surely still holds the batch back
+    (or has not woken yet) when the caller waits."""
+    old = pycomm.get_options()["cycle_time_ms"]
+    pycomm.set_options(cycle_time_ms=500.0)
+    yield
+    pycomm.set_options(cycle_time_ms=old)
+
+
+def test_a_waiter_runs_the_held_back_batch_on_its_own_thread(long_cycle):
+    rank, size = pycomm.rank(), pycomm.size()
+    seed = int(time.time_ns() % 100_000)  # fresh data each run; every rank computes every rank's
+    seed = pycomm.broadcast(torch.tensor([seed]), root=0).item()
+    counts = [1, 3, 17, 255, 1000, 4099, 0, 77] * 5
+    before = pycomm.stats()
+    xs = [rank_data(rank, n, torch.float32, seed=seed + i) for i, n in enumerate(counts)]
+    handles = [pycomm.allreduce_async(x, op="sum", name=f"w.{i}") for i, x in enumerate(xs)]
+    t0 = time.perf_counter()
+    handles[0].wait()
+    waited = time.perf_counter() - t0
+    for i, h in enumerate(handles):
+        assert_close(h.wait(), "sum", size, torch.float32, seed=seed + i, what=f"w.{i}")
+    after = pycomm.stats()
+    assert after["operations"] - before["operations"] == len(counts)
+    assert after["waiter_batches"] > before["waiter_batches"], "the waiter left the batch to the worker"
+    # The batch ran when asked for, not at the end of the 500 ms cycle (a single-rank run takes
+    # well under 10 ms here; 250 ms leaves room for a loaded machine).
+    assert waited < 0.25, f"the first wait took {waited * 1e3:.0f} ms: the cycle was waited out"
+
+
+def test_a_waiter_on_one_rank_pairs_with_the_worker_on_another(long_cycle):
+    """Rank 0 waits at once (its thread runs the batch); the others poll until their workers run it
+    at the cycle's end. One coordination round joins the two paths."""
+    rank, size = pycomm.rank(), pycomm.size()
+    counts = [5, 300, 2049, 1, 64] * 3
+    xs = [rank_data(rank, n, torch.float64, seed=900 + i) for i, n in enumerate(counts)]
+    handles = [pycomm.allreduce_async(x, op="max" if i % 2 else "sum", name=f"p.{i}") for i, x in enumerate(xs)]
+    if rank != 0:
+        deadline = time.monotonic() + 30
+        while not all(h.done() for h in handles):
+            assert time.monotonic() < deadline, "the worker never ran the batch"
+            time.sleep(0.005)
+    for i, h in enumerate(handles):
+        assert_close(h.wait(), "max" if i % 2 else "sum", size, torch.float64, seed=900 + i, what=f"p.{i}")
+
+
+def test_pair_by_name_batches_stay_with_the_worker(long_cycle):
+    rank, size = pycomm.rank(), pycomm.size()
+    pycomm.set_options(pair_by_name=True)
+    try:
+        before = pycomm.stats()
+        xs = [rank_data(rank, 100 + i, torch.float32, seed=950 + i) for i in range(6)]
+        handles = [pycomm.allreduce_async(x, name=f"n.{i}") for i, x in enumerate(xs)]
+        for i, h in enumerate(handles):
+            assert_close(h.wait(), "sum", size, torch.float32, seed=950 + i, what=f"n.{i}")
+        assert pycomm.stats()["waiter_batches"] == before["waiter_batches"]
+    finally:
+        pycomm.set_options(pair_by_name=False)
