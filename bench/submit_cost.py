@@ -13,7 +13,8 @@ is a step over all of them, timed on the slowest rank, median of --reps steps:
 Rows: pycomm.allreduce_async (a C function, csrc/bindings/allreduce_entry.cpp) / pycomm.allreduce;
 the pybind11 binding pycomm._C.allreduce_async called directly (the checked submission both reach);
 pycomm.horovod's allreduce_async_ / allreduce_ (hvd.Average, Horovod's default). Each round runs every
-row once, in this order.
+row once, in this order. The pycomm rows run with pycomm's default pairing (by submission order), the
+hvd rows with hvd.init()'s pair_by_name (Horovod's rule: named operations pair by name).
 """
 from __future__ import annotations
 
@@ -89,11 +90,12 @@ def main(argv=None):
         print(f"{'round':>5}  {'call':<24} {'us a call (submit)':>18} {'us first wait':>13} {'ms a step':>10}")
     for r in range(args.rounds):
         for label, (submit, finish) in rows.items():
+            pycomm.set_options(pair_by_name=label.startswith("hvd."))  # collective: every rank, same point
             per_call, first, step = timed(submit, finish)
             if comm.rank == 0:
                 blocking = label in ("pycomm.allreduce", "hvd.allreduce_")
                 print(f"{r + 1:>5}  {label:<24} {'(blocking)' if blocking else f'{per_call:.2f}':>18} "
-                      f"{'' if blocking else f'{first:.1f}':>13} {step:>10.2f}")
+                      f"{'' if blocking else f'{first:.1f}':>13} {step:>10.3f}")
 
 
 if __name__ == "__main__":

@@ -597,11 +597,10 @@ void Engine::run_queued_for(const Work& work) {
   for (;;) {
     if (work.done()) return;
     std::unique_lock<std::mutex> lock(mu_);
-    // Only a head of plain allreduces, as the worker would fuse them: anything else (a join, a backup
-    // session, an operation paired by name) may wait for this same thread and stays with the worker.
-    const bool takeable = !stopping_ && !options_.pair_by_name && parked_.empty() && !queue_.empty() &&
-                          (gathering_ || !busy_) &&
-                          queue_.front().fusable && !(queue_.front().sig.flags & Signature::kByName);
+    // Only a head of allreduces, the batch the worker would take (execute() settles pair_by_name's
+    // outcomes, parking and retrying, as it does for the worker); a join, a backup session or any other
+    // operation at the head stays with the worker.
+    const bool takeable = !stopping_ && !queue_.empty() && (gathering_ || !busy_) && queue_.front().fusable;
     if (!takeable) {
       lock.unlock();
       flush();
@@ -632,7 +631,7 @@ void Engine::run_queued_for(const Work& work) {
     const bool wake = !queue_.empty() || stopping_;
     lock.unlock();
     if (wake) cv_.notify_all();
-    if (ran == 0) return;  // not expected without pair_by_name; the worker proposes it again
+    if (ran == 0) return;  // pair_by_name: a round that ran nothing; the worker proposes again
   }
 }
 

@@ -338,15 +338,20 @@ def test_a_waiter_on_one_rank_pairs_with_the_worker_on_another(long_cycle):
         assert_close(h.wait(), "max" if i % 2 else "sum", size, torch.float64, seed=900 + i, what=f"p.{i}")
 
 
-def test_pair_by_name_batches_stay_with_the_worker(long_cycle):
+def test_a_waiter_runs_batches_paired_by_name_in_any_order(long_cycle):
+    """pair_by_name: each rank submits the names in its own order and waits on its first handle; the
+    waiting threads run the rounds (parking what others have not submitted yet) and every result is
+    right."""
     rank, size = pycomm.rank(), pycomm.size()
     pycomm.set_options(pair_by_name=True)
     try:
         before = pycomm.stats()
-        xs = [rank_data(rank, 100 + i, torch.float32, seed=950 + i) for i in range(6)]
-        handles = [pycomm.allreduce_async(x, name=f"n.{i}") for i, x in enumerate(xs)]
-        for i, h in enumerate(handles):
-            assert_close(h.wait(), "sum", size, torch.float32, seed=950 + i, what=f"n.{i}")
-        assert pycomm.stats()["waiter_batches"] == before["waiter_batches"]
+        order = list(range(9))
+        order = order[rank % len(order):] + order[:rank % len(order)]  # a different order on every rank
+        xs = {i: rank_data(rank, 100 + 37 * i, torch.float32, seed=950 + i) for i in order}
+        handles = {i: pycomm.allreduce_async(xs[i], name=f"n.{i}") for i in order}
+        for i in order:
+            assert_close(handles[i].wait(), "sum", size, torch.float32, seed=950 + i, what=f"n.{i}")
+        assert pycomm.stats()["waiter_batches"] > before["waiter_batches"]
     finally:
         pycomm.set_options(pair_by_name=False)
