@@ -61,8 +61,9 @@ inline void order_current_stream(const comm::EventPtr& done) {
   if (done) done->order_stream(current_stream(done->device()));
 }
 
-// wait() on a handle first runs the queued allreduces of engine `group` behind it at once
-// (-1: none to flush), so the last partial batch of a step is not held back a fusion cycle.
+// wait() on a handle first has engine `group` (-1: none) run what is queued up to it at once, on the
+// waiting thread when the engine's worker has not taken that batch yet (Engine::run_queued_for), so the
+// last partial batch of a step is not held back a fusion cycle. Call without the GIL.
 void run_before_waiting(const comm::Work& work, int64_t group);
 
 // t /= n in place, a correctly rounded quotient (IEEE division, bitwise torch's div_); t is a float32

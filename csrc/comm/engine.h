@@ -146,9 +146,9 @@ class Engine {
   // A caller about to block in work.wait(): while `work` is not done and the queue's head is a batch
   // of allreduces that the worker has not taken yet (it is idle, or holding the head back for its
   // fusion cycle or pair_by_name's), run that batch here, on the caller's thread, as a blocking call
-  // on an idle engine does; otherwise flush(). The worker is not woken to run it and the caller is not woken after it:
-  // two thread hand-offs fewer for the first wait of a step (bench/submit_cost.py). Call without
-  // Python's GIL (the batch may run here).
+  // on an idle engine does; otherwise flush(). The worker is not woken to run it and the caller is
+  // not woken after it: two thread hand-offs fewer for the first wait of a step
+  // (bench/submit_cost.py, its first-wait column). Call without Python's GIL (the batch may run here).
   void run_queued_for(const Work& work);
   WorkPtr reduce_scatter(const ReduceScatterArgs& args, std::shared_ptr<void> keepalive, bool blocking = false);
   WorkPtr alltoall(const AlltoallArgs& args, std::shared_ptr<void> keepalive, bool blocking = false);
