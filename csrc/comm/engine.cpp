@@ -618,20 +618,24 @@ void Engine::run_queued_for(const Work& work) {
     take_batch(queue_.begin(), queue_.end(), fuses(active_, queue_.front()), active_.fusion_threshold_bytes,
                [this](const Op& head, const Op& next) { return compatible(head, next); }, &batch);
     running_ = batch.size();
+    const uint64_t operations = stats_.operations;  // only the thread holding busy_ adds to it
     lock.unlock();
 
-    const size_t ran = execute(batch);
+    // Taken from the queue's head: the batch, or under pair_by_name one parked (set aside) or none
+    // (an operation that was parked before ran, or nothing ran).
+    const size_t popped = execute(batch);
 
     lock.lock();
-    for (size_t i = 0; i < ran; ++i) queue_.pop_front();
+    for (size_t i = 0; i < popped; ++i) queue_.pop_front();
     running_ = 0;
     busy_ = false;
-    if (ran > 0) ++stats_.waiter_batches;
+    const bool ran = stats_.operations != operations;
+    if (ran) ++stats_.waiter_batches;
     // Wake the worker only if it has something to do (as after an inline call).
     const bool wake = !queue_.empty() || stopping_;
     lock.unlock();
     if (wake) cv_.notify_all();
-    if (ran == 0) return;  // pair_by_name: a round that ran nothing; the worker proposes again
+    if (popped == 0 && !ran) return;  // pair_by_name: a round that ran nothing; the worker proposes again
   }
 }
 
