@@ -146,14 +146,8 @@ class PycommWork : public c10d::Work {
   bool wait(std::chrono::milliseconds /*timeout*/) override {
     // Someone waits: nothing is held back for fusion, and a batch the engine's worker has not taken
     // runs on this thread (Engine::run_queued_for). torch calls wait() without the GIL.
-    if (work_ && !future_->completed()) {
-      try {
-        bindings::engine_of(group_).run_queued_for(*work_);
-      } catch (const comm::CommError&) {  // the group is gone: the future holds the operation's own error
-      }
-    } else {
-      flush();
-    }
+    if (work_) bindings::run_before_waiting(*work_, group_);
+    else flush();
     future_->wait();
     if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
     if (work_) bindings::order_current_stream(work_->done_event());

@@ -308,11 +308,7 @@ void Engine::loop() {
       continue;
     }
 
-    auto compatible_ops = [this](const Op& head, const Op& next) { return compatible(head, next); };
     const bool fusion = fuses(active_, queue_.front());
-    auto head_batch = [&](std::vector<Op*>* batch) {
-      return take_batch(queue_.begin(), queue_.end(), fusion, active_.fusion_threshold_bytes, compatible_ops, batch);
-    };
     // pair_by_name: a named operation also waits out the cycle, as Horovod's background thread takes
     // new operations once per cycle; its name is in flight at least that long (a caller that waits
     // flushes it at once).
@@ -338,12 +334,21 @@ void Engine::loop() {
     size_t ran = execute(batch);
 
     lock.lock();
-    for (size_t i = 0; i < ran; ++i) queue_.pop_front();
-    running_ = 0;
-    busy_ = false;
+    end_batch(ran);
     lock.unlock();
     cv_.notify_all();
   }
+}
+
+bool Engine::head_batch(std::vector<Op*>* batch) {
+  return take_batch(queue_.begin(), queue_.end(), fuses(active_, queue_.front()), active_.fusion_threshold_bytes,
+                    [this](const Op& head, const Op& next) { return compatible(head, next); }, batch);
+}
+
+void Engine::end_batch(size_t popped) {
+  for (size_t i = 0; i < popped; ++i) queue_.pop_front();
+  running_ = 0;
+  busy_ = false;
 }
 
 size_t Engine::execute(std::vector<Op*>& batch) {
@@ -615,8 +620,7 @@ void Engine::run_queued_for(const Work& work) {
     }
     flush_ = false;
     std::vector<Op*> batch;
-    take_batch(queue_.begin(), queue_.end(), fuses(active_, queue_.front()), active_.fusion_threshold_bytes,
-               [this](const Op& head, const Op& next) { return compatible(head, next); }, &batch);
+    head_batch(&batch);
     running_ = batch.size();
     const uint64_t operations = stats_.operations;  // only the thread holding busy_ adds to it
     lock.unlock();
@@ -626,9 +630,7 @@ void Engine::run_queued_for(const Work& work) {
     const size_t popped = execute(batch);
 
     lock.lock();
-    for (size_t i = 0; i < popped; ++i) queue_.pop_front();
-    running_ = 0;
-    busy_ = false;
+    end_batch(popped);
     const bool ran = stats_.operations != operations;
     if (ran) ++stats_.waiter_batches;
     // Wake the worker only if it has something to do (as after an inline call).

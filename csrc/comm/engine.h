@@ -186,6 +186,12 @@ class Engine {
   void mark_by_name(Op& op) const;
   Op allreduce_op(AllreduceArgs&& args, std::shared_ptr<void> keepalive);
   void loop();
+  // With mu_ held, by whichever thread holds busy_ (the worker, or a waiter in run_queued_for): the
+  // batch at the queue's head under the fusion rule (take_batch, engine.cpp), appended to *batch (null:
+  // only look); returns whether it could still grow. end_batch: pops the `popped` operations execute()
+  // took from the head and gives busy_ back.
+  bool head_batch(std::vector<Op*>* batch);
+  void end_batch(size_t popped);
   // Coordinate and run `batch` (taken from the queue head); returns how many ran.
   size_t execute(std::vector<Op*>& batch);
   // The first `count` ops of `batch`, fused (Executor::fused_allreduce).

@@ -1,6 +1,13 @@
 """Deterministic per-rank test data and float64 references."""
+import os
+
 import numpy as np
 import torch
+
+
+def shared_seed(comm) -> int:
+    """A fresh random seed, the same on every rank of mpi4py communicator `comm`."""
+    return comm.bcast(int.from_bytes(os.urandom(4), "little") if comm.Get_rank() == 0 else None, root=0)
 
 
 def rank_data(rank: int, count: int, dtype: torch.dtype, seed: int = 0, scale: float = 100.0) -> torch.Tensor:

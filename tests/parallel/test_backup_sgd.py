@@ -7,7 +7,6 @@ with C_k the counted set of step k. The arrival orders are forced per rank and s
 step k hands in (or skips) only once the step has been decided, so C_k is known before the run. Fresh
 random data every run (a seed drawn by rank 0), odd sizes (a 13-7-5 MLP, 138 parameters, batches of 9).
 """
-import os
 import time
 
 import numpy as np
@@ -17,13 +16,10 @@ import torch.nn.functional as F
 
 import pycomm
 from pycomm import _C, training
+from refdata import shared_seed
 
 LR, MOMENTUM, STEPS, BATCH = 0.1, 0.5, 6, 9
 IN, HIDDEN, CLASSES = 13, 7, 5
-
-
-def shared_seed(comm) -> int:
-    return comm.bcast(int.from_bytes(os.urandom(4), "little") if comm.Get_rank() == 0 else None, root=0)
 
 
 def make_model(seed):

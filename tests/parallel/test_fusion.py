@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import pycomm
-from refdata import assert_close, assert_not_grown_past, rank_data
+from refdata import assert_close, assert_not_grown_past, rank_data, shared_seed
 
 
 def test_many_small_tensors_are_fused_and_correct():
@@ -303,8 +303,7 @@ def long_cycle():
 
 def test_a_waiter_runs_the_held_back_batch_on_its_own_thread(long_cycle, comm):
     rank, size = pycomm.rank(), pycomm.size()
-    seed = int(time.time_ns() % 100_000)  # fresh data each run; every rank computes every rank's
-    seed = pycomm.broadcast(torch.tensor([seed]), root=0).item()
+    seed = shared_seed(comm)  # fresh data each run; every rank computes every rank's
     counts = [1, 3, 17, 255, 1000, 4099, 0, 77] * 5
     before = pycomm.stats()
     xs = [rank_data(rank, n, torch.float32, seed=seed + i) for i, n in enumerate(counts)]
