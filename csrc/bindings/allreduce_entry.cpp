@@ -85,7 +85,8 @@ bool bind(const Entry* entry, PyObject* const* args, Py_ssize_t nargs, PyObject*
 bool is_str(PyObject* o, const char* s) { return PyUnicode_CheckExact(o) && PyUnicode_CompareWithASCIIString(o, s) == 0; }
 
 // The common call's handle, or nullptr with no error set when it is not one or allreduce_async
-// refused it; nullptr with an error set: note_unnamed raised (a warning filter set to "error").
+// refused it; nullptr with an error set: note_unnamed raised (a warning filter set to "error"), or
+// no memory was left for the handle.
 PyObject* common_call(const Entry* entry, PyObject* const* a) {
   if (a[OUT] != Py_None || a[GROUP] != Py_None || !is_str(a[COMPRESSION], "none")) return nullptr;
   if (!PyUnicode_CheckExact(a[OP]) || !PyUnicode_CheckExact(a[ALGORITHM])) return nullptr;
@@ -122,7 +123,8 @@ PyObject* common_call(const Entry* entry, PyObject* const* a) {
     // handle), so the checked path may run the call again and raise what the user should see.
     return nullptr;
   }
-  PyObject* h = py::cast(std::move(handle)).release().ptr();
+  PyObject* h = wrap_handle(std::move(handle));
+  if (!h) return nullptr;  // out of memory, set
   if (!blocking && nlen == 0) {
     // Unnamed handles in flight: _ops.note_unnamed's warning, its stacklevel naming the caller's line
     // (no Python frame of ours between).

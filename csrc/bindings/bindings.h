@@ -152,6 +152,15 @@ class Handle {
   std::once_flag divided_;  // a second waiter returns once the first has divided
 };
 
+// pycomm.Handle's Python object (handle.cpp): a plain CPython type holding the shared_ptr, not a
+// pybind11 class. Every handle of a step is made and dropped once; a pybind11 instance costs a
+// lookup, an insert and an erase in pybind11's table of live instances, which were 15% of a
+// 400-tensor step's samples on one rank (docs/benchmarks.md). The caster below makes every binding
+// that returns a std::shared_ptr<Handle> return it.
+PyObject* wrap_handle(std::shared_ptr<Handle> handle);  // a new reference; nullptr with an error set
+const std::shared_ptr<Handle>* unwrap_handle(PyObject* o);  // borrowed; nullptr when o is no Handle
+void register_handle(pybind11::module_& m);  // handle.cpp: _C.Handle (and its old name CompressedHandle)
+
 // _C.allreduce_async: the checked submission every allreduce face reaches (comm.cpp). op: sum | min |
 // max (| avg for the checks' messages); average: divide by the ranks (engine side); divide_by > 1:
 // Handle::divide_result_by. pybind11's TypeError/ValueError for what it refuses, before queueing.
@@ -173,3 +182,25 @@ void register_fault(pybind11::module_& m);          // fault.cpp: RanksFailedErr
 
 }  // namespace bindings
 }  // namespace pycomm
+
+namespace pybind11 {
+namespace detail {
+// std::shared_ptr<Handle> <-> pycomm.Handle (handle.cpp), for every binding in every file.
+template <>
+struct type_caster<std::shared_ptr<pycomm::bindings::Handle>> {
+  PYBIND11_TYPE_CASTER(std::shared_ptr<pycomm::bindings::Handle>, const_name("pycomm.Handle"));
+  bool load(handle src, bool) {
+    const auto* held = pycomm::bindings::unwrap_handle(src.ptr());
+    if (!held) return false;
+    value = *held;
+    return true;
+  }
+  static handle cast(std::shared_ptr<pycomm::bindings::Handle> src, return_value_policy, handle) {
+    if (!src) return none().release();
+    PyObject* o = pycomm::bindings::wrap_handle(std::move(src));
+    if (!o) throw error_already_set();
+    return o;
+  }
+};
+}  // namespace detail
+}  // namespace pybind11

@@ -552,23 +552,7 @@ void register_comm(py::module_& m) {
     }
   });
 
-  py::class_<Handle, std::shared_ptr<Handle>>(m, "Handle", "An asynchronous collective in flight.")
-      .def("wait", &Handle::wait,
-           "Wait until the engine has finished the collective (GIL released) and return its result tensor. For "
-           "CUDA tensors the caller's current stream is then ordered after pycomm's device work (an event), "
-           "without blocking the host on the device.")
-      .def("synchronize", &Handle::synchronize,
-           "wait(), then block the host until pycomm's device work on the result has finished.")
-      .def("done", &Handle::done, "True once the collective has finished (successfully or not).")
-      .def_property_readonly("wire_bytes", [](const Handle& h) { return h.compressed_stats().wire_bytes; },
-                             "A compressed allreduce, after wait(): the bytes this rank sent to other ranks.")
-      .def_property_readonly("fp32_ring_bytes", [](const Handle& h) { return h.compressed_stats().fp32_ring_bytes; },
-                             "A compressed allreduce, after wait(): the bytes an uncompressed float32 ring "
-                             "allreduce of the same tensor would have sent.")
-      .def("__repr__", [](const Handle& h) {
-        return "<pycomm.Handle " + h.description() + (h.done() ? " done>" : " pending>");
-      });
-  m.attr("CompressedHandle") = m.attr("Handle");  // the name compressed allreduces had before they shared Handle
+  register_handle(m);  // handle.cpp: pycomm.Handle, a plain CPython type
 
   py::class_<GroupHandle, std::shared_ptr<GroupHandle>>(m, "GroupHandle",
                                                          "The allreduces of a grouped_allreduce in flight.")
