@@ -68,6 +68,12 @@ PyObject* handle_fp32_ring_bytes(PyObject* self, void*) {
   return translated([&] { return PyLong_FromUnsignedLongLong(of(self).compressed_stats().fp32_ring_bytes); });
 }
 
+// Only the bindings make handles (Python 3.9 has no Py_TPFLAGS_DISALLOW_INSTANTIATION).
+PyObject* handle_new(PyTypeObject* type, PyObject*, PyObject*) {
+  PyErr_Format(PyExc_TypeError, "cannot create '%s' instances", type->tp_name);
+  return nullptr;
+}
+
 void handle_dealloc(PyObject* self) {
   auto* o = reinterpret_cast<HandleObject*>(self);
   PyTypeObject* type = Py_TYPE(self);
@@ -119,6 +125,7 @@ const std::shared_ptr<Handle>* unwrap_handle(PyObject* o) {
 void register_handle(py::module_& m) {
   static PyType_Slot slots[] = {
       {Py_tp_doc, const_cast<char*>("An asynchronous collective in flight.")},
+      {Py_tp_new, reinterpret_cast<void*>(&handle_new)},
       {Py_tp_dealloc, reinterpret_cast<void*>(&handle_dealloc)},
       {Py_tp_repr, reinterpret_cast<void*>(&handle_repr)},
       {Py_tp_methods, handle_methods},
@@ -128,7 +135,7 @@ void register_handle(py::module_& m) {
   };
   static PyType_Spec spec = {
       "pycomm._C.Handle", sizeof(HandleObject), 0,
-      Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_IMMUTABLETYPE, slots,
+      Py_TPFLAGS_DEFAULT, slots,
   };
   PyObject* type = PyType_FromSpec(&spec);
   if (!type) throw py::error_already_set();
