@@ -154,9 +154,9 @@ class Handle {
 
 // pycomm.Handle's Python object (handle.cpp): a plain CPython type holding the shared_ptr, not a
 // pybind11 class. Every handle of a step is made and dropped once; a pybind11 instance costs a
-// lookup, an insert and an erase in pybind11's table of live instances, which were 15% of a
-// 400-tensor step's samples on one rank (docs/benchmarks.md). The caster below makes every binding
-// that returns a std::shared_ptr<Handle> return it.
+// lookup, an insert and an erase in pybind11's table of live instances, on cold memory (figures in
+// docs/benchmarks.md, bench/submit_cost.py). The caster below makes every binding that returns a
+// std::shared_ptr<Handle> return it.
 PyObject* wrap_handle(std::shared_ptr<Handle> handle);  // a new reference; nullptr with an error set
 const std::shared_ptr<Handle>* unwrap_handle(PyObject* o);  // borrowed; nullptr when o is no Handle
 void register_handle(pybind11::module_& m);  // handle.cpp: _C.Handle (and its old name CompressedHandle)
