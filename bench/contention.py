@@ -21,6 +21,12 @@ the median; for auto, its time over the best algorithm's time in the same
 repetition: the median of that ratio and in how many repetitions it is within
 --within (15%). auto runs the built-in rule (auto_table emptied, as
 bench/auto_regret.py --table builtin) unless --table stored.
+
+The last row of each size is a control: the algorithm auto chose, timed a second
+time in every repetition (its own loop in the rotation), with auto's two columns
+worked out for it in auto's place (its time over the best of ring, mpi, shm and
+itself). auto and that algorithm run the same code, so the control's count is
+what this machine's noise alone allows auto's count to reach.
 """
 import argparse
 import json
@@ -34,6 +40,7 @@ import time
 
 SIZES = "16K,1M,16M,64M"
 ALGORITHMS = ("ring", "mpi", "shm", "auto")
+AGAIN = "again"  # the control: auto's choice timed a second time (module docstring)
 
 
 def parse_bytes(s):
@@ -71,16 +78,18 @@ def worker(args):
             one = max(one, time.perf_counter() - t0)
         # Calls per timed loop: about --loop-ms of the slowest algorithm's call, the same for all.
         calls = comm.bcast(max(1, min(200, int(args.loop_ms * 1e-3 / max(one, 1e-9)))), root=0)
-        times = {alg: [] for alg in ALGORITHMS}
+        chosen = pycomm.resolve_algorithm("auto", x.numel() * x.element_size())
+        timed = ALGORITHMS + (AGAIN,)
+        times = {alg: [] for alg in timed}
         for rep in range(args.reps):
-            order = ALGORITHMS[rep % len(ALGORITHMS):] + ALGORITHMS[:rep % len(ALGORITHMS)]
+            order = timed[rep % len(timed):] + timed[:rep % len(timed)]
             for alg in order:
                 comm.Barrier()
                 t0 = time.perf_counter()
                 for _ in range(calls):
-                    pycomm.allreduce(x, algorithm=alg)
+                    pycomm.allreduce(x, algorithm=chosen if alg == AGAIN else alg)
                 times[alg].append(comm.allreduce((time.perf_counter() - t0) / calls, op=MPI.MAX) * 1e3)
-        rows.append(dict(bytes=nbytes, calls=calls, ms=times))
+        rows.append(dict(bytes=nbytes, calls=calls, chosen=chosen, ms=times))
     if comm.rank == 0:
         with open(args.worker_out, "w") as f:
             json.dump(rows, f)
@@ -118,24 +127,33 @@ def run_scenario(name, ranks, args):
             return dict(scenario=name, ranks=ranks, load_before=load, rows=json.load(f))
 
 
+def against_best(ms, contender):
+    """Per repetition, `contender`'s time over the best of ring, mpi, shm and `contender` (auto, or the
+    control in auto's place), and the best times themselves."""
+    field = [a for a in ALGORITHMS if a != "auto"] + [contender]
+    best = [min(ms[a][i] for a in field) for i in range(len(ms[contender]))]
+    return [c / b for c, b in zip(ms[contender], best)], best
+
+
 def summarise(result, within):
     lines = []
     for row in result["rows"]:
         ms = row["ms"]
-        best = [min(ms[a][i] for a in ALGORITHMS) for i in range(len(ms["auto"]))]
-        ratios = [a / b for a, b in zip(ms["auto"], best)]
-        for alg in ALGORITHMS:
+        _, best = against_best(ms, "auto")
+        for alg in ALGORITHMS + (AGAIN,):
             med = statistics.median(ms[alg])
             spread = max(ms[alg]) / med
-            auto = ""
-            if alg == "auto":
+            if alg in ("auto", AGAIN):
+                ratios, field_best = against_best(ms, alg)
                 ok = sum(r <= 1 + within for r in ratios)
                 auto = f"{statistics.median(ratios):.2f} | {ok}/{len(ratios)}"
+                wins = sum(ms[alg][i] == field_best[i] for i in range(len(field_best)))
             else:
                 auto = " | "
-            wins = sum(ms[alg][i] == best[i] for i in range(len(best)))
-            lines.append(f"| {result['scenario']} ({result['ranks']} ranks) | {human(row['bytes'])} | {row['calls']} | {alg} | "
-                         f"{med:.3f} | {spread:.2f} | {wins} | {auto} |")
+                wins = sum(ms[alg][i] == best[i] for i in range(len(best)))
+            label = f"{row['chosen']} again (control)" if alg == AGAIN else alg
+            lines.append(f"| {result['scenario']} ({result['ranks']} ranks) | {human(row['bytes'])} | {row['calls']} | "
+                         f"{label} | {med:.3f} | {spread:.2f} | {wins} | {auto} |")
     return lines
 
 
